@@ -1,0 +1,28 @@
+"""Traces: reading public formats, shaping, synthetic workloads, statistics, native writing."""
+
+from tuner.trace.model import Adjustment, Request, Trace, TraceSource
+from tuner.trace.readers import FORMAT_ALIASES, detect_format, read_trace
+from tuner.trace.shaping import ShapeOptions, shape
+
+__all__ = [
+    "FORMAT_ALIASES",
+    "Adjustment",
+    "Request",
+    "ShapeOptions",
+    "Trace",
+    "TraceSource",
+    "detect_format",
+    "read_trace",
+    "shape",
+]
+
+
+def load_trace(
+    path: str, format: str | None = None, *, sort: bool = False, options: ShapeOptions | None = None
+) -> Trace:
+    """Read a trace file and shape it: what every command that replays a trace starts with."""
+    trace = read_trace(path, format, sort=sort)
+    return shape(trace, options) if options is not None else trace
+
+
+__all__ += ["load_trace"]

@@ -1,0 +1,70 @@
+"""Writing the native trace format: Mooncake-style JSONL with our two optional fields.
+
+``{"id": "17", "timestamp": 1234.5, "input_length": 900, "output_length": 64,
+"hash_ids": [0, 1], "block_size": 512}``: ``timestamp`` in milliseconds from trace start,
+rounded to the microsecond. ``hash_ids`` and ``block_size`` only when the request has
+prefix blocks; ``block_size`` only when it is not Mooncake's 512. Readers that know only the
+Mooncake fields (``vllm bench serve --dataset-name timed_trace``, GuideLLM) ignore the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tuner.errors import TraceError
+from tuner.trace.model import Request
+from tuner.trace.readers import MOONCAKE_BLOCK_SIZE
+
+
+def native_lines(requests: Iterable[Request]) -> Iterator[str]:
+    """One JSON line (with its newline) per request."""
+    for request in requests:
+        record: dict[str, object] = {
+            "id": request.id,
+            "timestamp": _milliseconds(request.arrival_s),
+            "input_length": request.prompt_tokens,
+            "output_length": request.output_tokens,
+        }
+        if request.prefix_blocks:
+            record["hash_ids"] = list(request.prefix_blocks)
+            if request.prefix_block_size not in (None, MOONCAKE_BLOCK_SIZE):
+                record["block_size"] = request.prefix_block_size
+        yield json.dumps(record, separators=(", ", ": ")) + "\n"
+
+
+def _milliseconds(seconds: float) -> int | float:
+    """Milliseconds rounded to the microsecond; whole numbers written as integers."""
+    value = round(seconds * 1000.0, 3)
+    return int(value) if value.is_integer() else value
+
+
+def write_native(requests: Iterable[Request], path: str | Path) -> None:
+    """Write requests as native JSONL, atomically: the file appears whole or not at all.
+
+    ``-`` writes to standard output.
+    """
+    if str(path) == "-":
+        sys.stdout.writelines(native_lines(requests))
+        return
+    atomic_write_lines(path, native_lines(requests))
+
+
+def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:
+    """Write to a temporary file beside ``path`` and rename it into place."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise TraceError(f"the output folder {str(directory)!r} does not exist", path=target)
+    handle, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
+            stream.writelines(lines)
+        os.replace(temp_name, target)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise

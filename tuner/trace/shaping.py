@@ -1,0 +1,160 @@
+"""Shaping a trace to what one server can be asked to serve: window, rate, length, count.
+
+The options are part of a trace's identity (a stored trial records them), so they are a
+pydantic model with every field documented. Every request that shaping drops or clips is
+counted in the trace's adjustments.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tuner.errors import TraceError
+from tuner.trace.model import Adjustment, Request, Trace
+
+
+class ShapeOptions(BaseModel):
+    """How to shape a trace. Applied in the order of the fields below."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dequantize_s: float | Literal["auto"] | None = None
+    """Spread coarse timestamps: add uniform jitter in [0, q) seconds to every arrival (the
+    true arrival lies inside its quantum), then re-sort. ``"auto"`` takes q as the median gap
+    between distinct timestamps (about 3 s in Mooncake). ``None``: off."""
+    jitter_seed: int = 0
+    """Seed of the de-quantising jitter, so the same options give the same arrivals."""
+    start_s: float = Field(default=0.0, ge=0)
+    """Keep requests arriving at or after this time (seconds from trace start); re-base to 0."""
+    duration_s: float | None = Field(default=None, gt=0)
+    """Keep requests arriving within this many seconds after ``start_s``. ``None``: to the end."""
+    rate_scale: float = Field(default=1.0, gt=0)
+    """Multiply the arrival rate: 0.1 stretches time tenfold, 2 compresses it twofold."""
+    max_model_len: int | None = Field(default=None, ge=2)
+    """Context limit: a request whose prompt plus output exceeds it is clipped or dropped."""
+    over_length: Literal["clip", "drop"] = "clip"
+    """What to do with requests longer than ``max_model_len``: ``clip`` shortens the prompt
+    (keeping its leading prefix blocks) and, only if needed, the output; ``drop`` removes them."""
+    max_requests: int | None = Field(default=None, ge=1)
+    """Keep at most this many requests (the earliest)."""
+
+    @model_validator(mode="after")
+    def _check_quantum(self) -> ShapeOptions:
+        if isinstance(self.dequantize_s, float) and not (
+            math.isfinite(self.dequantize_s) and self.dequantize_s > 0
+        ):
+            raise ValueError("dequantize_s must be a positive number of seconds or 'auto'")
+        return self
+
+    @property
+    def is_identity(self) -> bool:
+        return self == ShapeOptions()
+
+
+def shape(trace: Trace, options: ShapeOptions) -> Trace:
+    """Apply ``options`` to ``trace``; raises :class:`TraceError` if nothing is left."""
+    if options.dequantize_s is not None:
+        trace = dequantize(trace, options.dequantize_s, seed=options.jitter_seed)
+    if options.start_s > 0 or options.duration_s is not None:
+        trace = window(trace, options.start_s, options.duration_s)
+    if options.rate_scale != 1.0:
+        trace = scale_rate(trace, options.rate_scale)
+    if options.max_model_len is not None:
+        trace = limit_length(trace, options.max_model_len, options.over_length)
+    if options.max_requests is not None:
+        trace = head(trace, options.max_requests)
+    if not trace.requests:
+        raise TraceError(
+            "shaping left no requests (check the window and length limits)",
+            path=trace.source.path if trace.source else None,
+        )
+    return trace
+
+
+def detect_quantum(trace: Trace) -> float:
+    """The median gap between distinct arrival times: the timestamps' resolution."""
+    distinct = np.unique(np.fromiter((r.arrival_s for r in trace.requests), dtype=float))
+    gaps = np.diff(distinct)
+    return float(np.median(gaps)) if gaps.size else 0.0
+
+
+def dequantize(trace: Trace, quantum_s: float | Literal["auto"], *, seed: int = 0) -> Trace:
+    """Add seeded uniform jitter in [0, quantum) to every arrival, then sort stably."""
+    quantum = detect_quantum(trace) if quantum_s == "auto" else float(quantum_s)
+    if quantum <= 0:
+        return trace
+    rng = np.random.default_rng(seed)
+    jitter = rng.uniform(0.0, quantum, size=len(trace.requests))
+    moved = [
+        replace(request, arrival_s=request.arrival_s + float(offset))
+        for request, offset in zip(trace.requests, jitter)
+    ]
+    moved.sort(key=lambda request: request.arrival_s)
+    note = Adjustment(
+        "jittered",
+        f"arrivals spread uniformly over their {quantum:g} s quantum (seed {seed})",
+        len(moved),
+    )
+    return trace.with_requests(tuple(moved), note)
+
+
+def window(trace: Trace, start_s: float, duration_s: float | None) -> Trace:
+    """Requests arriving in [start, start + duration), re-based so the window starts at 0."""
+    end = math.inf if duration_s is None else start_s + duration_s
+    kept = tuple(
+        replace(r, arrival_s=r.arrival_s - start_s)
+        for r in trace.requests
+        if start_s <= r.arrival_s < end
+    )
+    span = f"[{start_s:g} s, {end:g} s)"
+    note = Adjustment("dropped", f"outside the time window {span}", len(trace) - len(kept))
+    return trace.with_requests(kept, note)
+
+
+def scale_rate(trace: Trace, factor: float) -> Trace:
+    """Multiply the arrival rate by ``factor`` (arrival times are divided by it)."""
+    return trace.with_requests(
+        tuple(replace(r, arrival_s=r.arrival_s / factor) for r in trace.requests)
+    )
+
+
+def limit_length(trace: Trace, max_model_len: int, policy: Literal["clip", "drop"]) -> Trace:
+    """Make every request fit ``prompt + output ≤ max_model_len``, by clipping or dropping."""
+    kept: list[Request] = []
+    changed = 0
+    for request in trace.requests:
+        if request.prompt_tokens + request.output_tokens <= max_model_len:
+            kept.append(request)
+            continue
+        changed += 1
+        if policy == "clip":
+            kept.append(clip(request, max_model_len))
+    reason = f"prompt + output longer than max_model_len {max_model_len}"
+    return trace.with_requests(
+        tuple(kept), Adjustment("clipped" if policy == "clip" else "dropped", reason, changed)
+    )
+
+
+def clip(request: Request, max_model_len: int) -> Request:
+    """Shorten the prompt's tail to fit (its prefix blocks stay a leading prefix); shorten the
+    output only when even a 1-token prompt would not fit."""
+    output = min(request.output_tokens, max_model_len - 1)
+    prompt = min(request.prompt_tokens, max_model_len - output)
+    blocks = request.prefix_blocks
+    if blocks and request.prefix_block_size:
+        blocks = blocks[: -(-prompt // request.prefix_block_size)]
+    return replace(request, prompt_tokens=prompt, output_tokens=output, prefix_blocks=blocks)
+
+
+def head(trace: Trace, max_requests: int) -> Trace:
+    """The first ``max_requests`` requests."""
+    kept = trace.requests[:max_requests]
+    note = Adjustment(
+        "dropped", f"beyond the first {max_requests} requests", len(trace) - len(kept)
+    )
+    return trace.with_requests(kept, note)

@@ -1,0 +1,77 @@
+"""What a trace asks of a server: rate, burstiness, lengths, offered load, prefix reuse."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from objectives.percentiles import summarize
+from tuner.trace.model import Trace
+
+TOKEN_PERCENTILES = (50.0, 90.0, 99.0)
+
+
+@dataclass(frozen=True)
+class TraceStats:
+    """Summary statistics of a trace (definitions as in ``shared/traces/SOURCES.md``)."""
+
+    requests: int
+    duration_s: float
+    """Last arrival minus first arrival."""
+    mean_rate: float
+    """(requests − 1) / duration: arrivals per second between the first and the last."""
+    index_of_dispersion: float
+    """Variance / mean of request counts in 1-second bins: 1 for Poisson, ≫ 1 when bursty."""
+    max_per_second: int
+    """Most requests arriving in one 1-second bin."""
+    prompt_tokens: dict[str, float]
+    """mean, p50, p90, p99, max of prompt lengths."""
+    output_tokens: dict[str, float]
+    """mean, p50, p90, p99, max of output lengths."""
+    prompt_tokens_per_s: float
+    """Offered prompt tokens per second over the duration."""
+    output_tokens_per_s: float
+    """Offered output tokens per second over the duration."""
+    prefix_blocks: int
+    """Prefix blocks over all requests (0 when the trace has none)."""
+    prefix_reuse: float | None
+    """Share of prefix blocks already seen in an earlier request: an upper bound on the
+    prefix-cache hit rate with an unbounded cache. ``None`` when the trace has no prefix ids."""
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def trace_stats(trace: Trace) -> TraceStats:
+    """Compute :class:`TraceStats`; the trace must hold at least one request."""
+    requests = trace.requests
+    arrivals = np.fromiter((r.arrival_s for r in requests), dtype=float, count=len(requests))
+    prompts = np.fromiter((r.prompt_tokens for r in requests), dtype=float, count=len(requests))
+    outputs = np.fromiter((r.output_tokens for r in requests), dtype=float, count=len(requests))
+    duration = float(arrivals[-1] - arrivals[0]) if len(arrivals) else 0.0
+    counts = np.bincount(np.floor(arrivals - arrivals[0]).astype(np.int64))
+    dispersion = float(counts.var() / counts.mean())
+    seen: set[int] = set()
+    total_blocks = reused = 0
+    for request in requests:
+        for block in request.prefix_blocks:
+            total_blocks += 1
+            if block in seen:
+                reused += 1
+            else:
+                seen.add(block)
+    per_second = duration if duration > 0 else float("nan")
+    return TraceStats(
+        requests=len(requests),
+        duration_s=duration,
+        mean_rate=(len(requests) - 1) / per_second if duration > 0 else float("nan"),
+        index_of_dispersion=dispersion,
+        max_per_second=int(counts.max()),
+        prompt_tokens=summarize(prompts, TOKEN_PERCENTILES),
+        output_tokens=summarize(outputs, TOKEN_PERCENTILES),
+        prompt_tokens_per_s=float(prompts.sum()) / per_second,
+        output_tokens_per_s=float(outputs.sum()) / per_second,
+        prefix_blocks=total_blocks,
+        prefix_reuse=reused / total_blocks if total_blocks else None,
+    )
