@@ -35,6 +35,6 @@ def summarize(
     points = np.percentile(array, list(quantiles))
     return {
         "mean": float(array.mean()),
-        **{key: float(point) for key, point in zip(keys, points)},
+        **{key: float(point) for key, point in zip(keys, points, strict=True)},
         "max": float(array.max()),
     }

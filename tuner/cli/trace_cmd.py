@@ -82,7 +82,9 @@ def shape_options(
         try:
             quantum = float(dequantize)
         except ValueError:
-            raise TunerError(f"--dequantize: expected seconds or 'auto', got {dequantize!r}")
+            raise TunerError(
+                f"--dequantize: expected seconds or 'auto', got {dequantize!r}"
+            ) from None
     try:
         return ShapeOptions(
             start_s=start,
@@ -128,7 +130,7 @@ def stats_command(
     jitter_seed: JitterSeedOpt = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Print what a trace asks of a server: rate, burstiness, lengths, offered load, prefix reuse."""
+    """Print what a trace asks of a server: rate, burstiness, lengths, load, prefix reuse."""
     options = shape_options(
         start,
         duration,
@@ -159,7 +161,15 @@ def stats_command(
         }
         typer.echo(json.dumps(_finite(payload), indent=2))
         return
-    Console(highlight=False).print(render_stats(trace, stats))
+    output_console().print(render_stats(trace, stats))
+
+
+def output_console() -> Console:
+    """Rich console for results: a terminal's own width, or wide lines when piped (for grep)."""
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    return console
 
 
 def _finite(value: object) -> object:
@@ -268,7 +278,8 @@ def synth_command(
         typer.Option(
             "--mix",
             help="Request classes and weights, e.g. 'decode=0.9,longdoc-16k=0.1'. Classes: "
-            "decode (16/512), interactive (256/64), longdoc-16k (16384/32), longdoc-32k (32768/32), "
+            "decode (16/512), interactive (256/64), longdoc-16k (16384/32), "
+            "longdoc-32k (32768/32), "
             "or PROMPTxOUTPUT.",
         ),
     ] = "interactive",

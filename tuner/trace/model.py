@@ -39,7 +39,7 @@ class Adjustment:
 
     def __str__(self) -> str:
         noun = "request" if self.count == 1 else "requests"
-        return f"{self.action} {self.count} {noun}: {self.reason}"
+        return f"{self.action} {self.count:,} {noun}: {self.reason}"
 
 
 @dataclass(frozen=True, slots=True)

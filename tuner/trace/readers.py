@@ -17,7 +17,8 @@ Formats:
     zone; arrivals are re-based to the first row.
 ``burstgpt``
     BurstGPT CSV: ``Timestamp`` (seconds), ``Request tokens``, ``Response tokens`` among other
-    columns; rows with 0 response tokens are failed requests. Arrivals are re-based to the first row.
+    columns; rows with 0 response tokens are failed requests. Arrivals are re-based to the
+    first row.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import csv
 import functools
 import hashlib
 import io
+import itertools
 import json
 import math
 import re
@@ -40,6 +42,11 @@ from tuner.trace.model import Adjustment, Request, Trace, TraceSource
 
 MOONCAKE_BLOCK_SIZE = 512
 """Tokens per ``hash_ids`` block in the Mooncake traces (and our native default)."""
+
+MAX_TOKENS = 10**9
+"""Larger token counts are corrupt data, not requests."""
+MAX_TIMESTAMP = 1e15
+"""Larger timestamps (in the format's unit) are corrupt data: 1e15 ms is 31,000 years."""
 
 FORMAT_ALIASES: dict[str, str] = {
     "jsonl": "jsonl",
@@ -162,8 +169,10 @@ def _read_jsonl(text: str, path: Path) -> tuple[list[_Row], list[Adjustment]]:
             continue
         try:
             obj = json.loads(stripped)
-        except (json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
             detail = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+            if isinstance(exc, ValueError) and not isinstance(exc, json.JSONDecodeError):
+                detail = "a number with too many digits"
             raise TraceError(f"not valid JSON ({detail})", path=path, line=line) from None
         if not isinstance(obj, dict):
             raise TraceError(
@@ -202,8 +211,8 @@ def _json_number(obj: dict[str, Any], key: str, where: dict[str, Any]) -> float:
     value = _json_required(obj, key, where)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TraceError(f"expected a number, got {value!r:.40}", field=key, **where)
-    if not math.isfinite(value) or value < 0:
-        raise TraceError(f"must be a finite number ≥ 0, got {value!r}", field=key, **where)
+    if not 0 <= value <= MAX_TIMESTAMP:  # also false for NaN and infinities
+        raise TraceError(f"must be a finite number ≥ 0, got {value!r:.40}", field=key, **where)
     return value
 
 
@@ -211,8 +220,14 @@ def _json_int(obj: dict[str, Any], key: str, where: dict[str, Any]) -> int:
     value = _json_required(obj, key, where)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TraceError(f"expected a whole number, got {value!r:.40}", field=key, **where)
+    return _check_count(value, key, where)
+
+
+def _check_count(value: int, field: str, where: dict[str, Any]) -> int:
     if value < 0:
-        raise TraceError(f"must not be negative, got {value}", field=key, **where)
+        raise TraceError(f"must not be negative, got {str(value)[:40]}", field=field, **where)
+    if value > MAX_TOKENS:
+        raise TraceError(f"implausibly large (over {MAX_TOKENS:,})", field=field, **where)
     return value
 
 
@@ -251,7 +266,7 @@ def _csv_rows(
     text: str, path: Path, required: Iterable[str]
 ) -> Iterator[tuple[int, int, dict[str, str]]]:
     """Yield (physical line, 0-based data row, {required column: value}) for each CSV row."""
-    reader = csv.reader(io.StringIO(text, newline=""))
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = next(reader)
         names = [name.strip().lower() for name in header]
@@ -282,17 +297,14 @@ def _csv_rows(
         raise TraceError(f"malformed CSV ({exc})", path=path, line=reader.line_num) from None
 
 
-_INT_RE = re.compile(r"[+-]?\d+")
+_INT_RE = re.compile(r"[+-]?\d{1,30}")
 
 
 def _csv_int(value: str, field: str, where: dict[str, Any]) -> int:
     text = value.strip()
     if not _INT_RE.fullmatch(text):
         raise TraceError(f"expected a whole number, got {text!r:.40}", field=field, **where)
-    number = int(text)
-    if number < 0:
-        raise TraceError(f"must not be negative, got {number}", field=field, **where)
-    return number
+    return _check_count(int(text), field, where)
 
 
 def _read_azure(text: str, path: Path) -> tuple[list[_Row], list[Adjustment]]:
@@ -389,7 +401,7 @@ def _csv_seconds(value: str, where: dict[str, Any]) -> float:
         seconds = float(value.strip())
     except ValueError:
         seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0:
+    if not 0 <= seconds <= MAX_TIMESTAMP:  # also false for NaN
         raise TraceError(
             f"expected seconds as a finite number ≥ 0, got {value.strip()!r:.40}",
             field="Timestamp",
@@ -415,7 +427,7 @@ def _to_requests(
 ) -> tuple[tuple[Request, ...], int]:
     """Check order (or sort), reject duplicate ids, convert clocks to seconds from trace start."""
     out_of_order = 0
-    for previous, row in zip(rows, rows[1:]):
+    for previous, row in itertools.pairwise(rows):
         if row.clock < previous.clock:
             if not sort:
                 raise TraceError(

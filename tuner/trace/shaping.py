@@ -92,7 +92,7 @@ def dequantize(trace: Trace, quantum_s: float | Literal["auto"], *, seed: int = 
     jitter = rng.uniform(0.0, quantum, size=len(trace.requests))
     moved = [
         replace(request, arrival_s=request.arrival_s + float(offset))
-        for request, offset in zip(trace.requests, jitter)
+        for request, offset in zip(trace.requests, jitter, strict=True)
     ]
     moved.sort(key=lambda request: request.arrival_s)
     note = Adjustment(

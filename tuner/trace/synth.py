@@ -173,7 +173,9 @@ def synthesize(
     times = arrival_times(rng, rate, duration_s=duration_s, count=count, arrivals=arrivals, cv=cv)
     weights = np.array([part.weight for part in mix], dtype=float)
     picks = rng.choice(len(mix), size=times.size, p=weights / weights.sum())
-    shapes = [(float(time), mix[pick].request_class) for time, pick in zip(times, picks)]
+    shapes = [
+        (float(time), mix[pick].request_class) for time, pick in zip(times, picks, strict=True)
+    ]
     shapes += [(b.at_s, b.request_class) for b in bursts for _ in range(b.count)]
     shapes.sort(key=lambda shape: shape[0])
     requests = tuple(

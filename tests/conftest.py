@@ -1,0 +1,76 @@
+"""Shared fixtures and hypothesis strategies."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from tuner.cli import main
+from tuner.trace.model import Request
+
+# This machine is shared and noisy: judge properties, not timings.
+settings.register_profile("project", deadline=None)
+settings.load_profile("project")
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = ROOT / "examples" / "traces"
+MOONCAKE = TRACES / "mooncake_conversation_head.jsonl"
+AZURE = TRACES / "azure_conv_2023_head.csv"
+BURSTGPT = TRACES / "burstgpt1_head400.csv"
+
+
+@pytest.fixture
+def tune(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable:
+    """Run the real console entry point in-process: returns (exit code, stdout, stderr)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["tune", *args])
+        try:
+            main()
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+@st.composite
+def requests_strategy(draw: st.DrawFn, max_size: int = 30) -> tuple[Request, ...]:
+    """Valid requests sorted by arrival, with unique ids and consistent prefix blocks."""
+    n = draw(st.integers(min_value=1, max_value=max_size))
+    gaps = draw(
+        st.lists(
+            st.floats(min_value=0, max_value=1e4, allow_nan=False, allow_infinity=False),
+            min_size=n,
+            max_size=n,
+        )
+    )
+    block_size = draw(st.sampled_from([16, 128, 512]))
+    requests = []
+    clock = 0.0
+    for index, gap in enumerate(gaps):
+        clock += gap
+        prompt = draw(st.integers(min_value=1, max_value=200_000))
+        blocks = draw(
+            st.lists(
+                st.integers(min_value=0, max_value=50), max_size=min(-(-prompt // block_size), 8)
+            )
+        )
+        requests.append(
+            Request(
+                id=f"r{index}",
+                arrival_s=clock,
+                prompt_tokens=prompt,
+                output_tokens=draw(st.integers(min_value=1, max_value=5_000)),
+                prefix_blocks=tuple(blocks),
+                prefix_block_size=block_size if blocks else None,
+            )
+        )
+    return tuple(requests)
