@@ -1,0 +1,115 @@
+"""Per-request latency metrics and their run summary, as ``vllm bench serve`` defines them.
+
+Every engine (simulated or real) reports each request as a :class:`RequestRecord` (when it
+was sent, when each output token arrived, how many were expected, any error) and this module
+alone turns records into TTFT, TPOT, ITL and E2E statistics:
+
+- TTFT: sent → first token. E2E latency: sent → last token.
+- TPOT per request: (E2E − TTFT) / (output tokens − 1); undefined for one-token outputs,
+  which are left out (and counted).
+- ITL: every gap between consecutive tokens, pooled over requests.
+- A request is *completed* when it produced every expected token without error; anything
+  else is *failed* and counts against the SLOs (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from objectives.percentiles import summarize
+
+SUMMARY_PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What one request experienced, in seconds on one clock."""
+
+    id: str
+    sent_s: float
+    """When the request was sent (the simulator: its arrival)."""
+    token_times_s: Sequence[float] | np.ndarray
+    """When each output token arrived, in order."""
+    expected_tokens: int
+    """Output tokens asked for (``max_tokens`` with ``ignore_eos``)."""
+    error: str | None = None
+    """Why the request failed (rejected, timed out, server error), if it did."""
+    preemptions: int = 0
+
+    @property
+    def completed(self) -> bool:
+        return self.error is None and len(self.token_times_s) == self.expected_tokens
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """Summary of one run: latency statistics over completed requests, and counts."""
+
+    requests: int
+    completed: int
+    failed: int
+    """Requests with an error or fewer tokens than expected: they count against the SLOs."""
+    duration_s: float
+    """First send to last token."""
+    output_tokens: int
+    request_throughput: float
+    """Completed requests per second of the run."""
+    output_throughput: float
+    """Output tokens per second of the run (all requests)."""
+    ttft_s: dict[str, float]
+    tpot_s: dict[str, float]
+    itl_s: dict[str, float]
+    e2el_s: dict[str, float]
+    single_token_requests: int = 0
+    """Completed one-token requests, left out of TPOT (it is undefined for them)."""
+    preemptions: int = 0
+    failure_reasons: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def summarize_run(records: Sequence[RequestRecord]) -> RunMetrics:
+    """Aggregate request records into :class:`RunMetrics`."""
+    done = [r for r in records if r.completed]
+    ttft, e2el, tpot, gaps = [], [], [], []
+    single = 0
+    for record in done:
+        times = np.asarray(record.token_times_s, dtype=float)
+        first, last = times[0] - record.sent_s, times[-1] - record.sent_s
+        ttft.append(first)
+        e2el.append(last)
+        if times.size > 1:
+            tpot.append((last - first) / (times.size - 1))
+            gaps.append(np.diff(times))
+        else:
+            single += 1
+    reasons: dict[str, int] = {}
+    for record in records:
+        if not record.completed:
+            reason = record.error or "unfinished (fewer tokens than expected)"
+            reasons[reason] = reasons.get(reason, 0) + 1
+    starts = [r.sent_s for r in records]
+    ends = [r.token_times_s[-1] for r in records if len(r.token_times_s)]
+    duration = (max(ends) - min(starts)) if ends else 0.0
+    output_tokens = sum(len(r.token_times_s) for r in records)
+    per_second = duration if duration > 0 else float("nan")
+    return RunMetrics(
+        requests=len(records),
+        completed=len(done),
+        failed=len(records) - len(done),
+        duration_s=duration,
+        output_tokens=output_tokens,
+        request_throughput=len(done) / per_second,
+        output_throughput=output_tokens / per_second,
+        ttft_s=summarize(ttft, SUMMARY_PERCENTILES),
+        tpot_s=summarize(tpot, SUMMARY_PERCENTILES),
+        itl_s=summarize(np.concatenate(gaps) if gaps else [], SUMMARY_PERCENTILES),
+        e2el_s=summarize(e2el, SUMMARY_PERCENTILES),
+        single_token_requests=single,
+        preemptions=sum(r.preemptions for r in records),
+        failure_reasons=reasons,
+    )

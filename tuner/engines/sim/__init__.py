@@ -1,0 +1,20 @@
+"""A discrete-event simulator of vLLM V1's scheduler with a step-time cost model.
+
+Its scheduling decisions match vLLM's step for step (``tests/test_sim_vs_vllm.py`` drives
+vLLM's own ``Scheduler`` to check); its step durations come from a profile
+(:mod:`tuner.engines.sim.cost_model`).
+"""
+
+from tuner.engines.sim.config import SimConfig
+from tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile, load_profile
+from tuner.engines.sim.engine import SimResult, StepRecord, simulate
+
+__all__ = [
+    "ConstantProfile",
+    "RooflineProfile",
+    "SimConfig",
+    "SimResult",
+    "StepRecord",
+    "load_profile",
+    "simulate",
+]

@@ -1,0 +1,64 @@
+"""The simulator's engine configuration, named and validated exactly as vLLM names them.
+
+Every field is a ``vllm serve`` flag (``max_num_batched_tokens`` is ``--max-num-batched-tokens``)
+or, for the KV pool, the value vLLM resolves at start-up (``num_gpu_blocks``). Validation mirrors
+vLLM's ``SchedulerConfig`` so that no simulated trial uses a config vLLM would refuse.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SimConfig(BaseModel):
+    """Scheduler and KV-cache settings of one simulated engine (vLLM V1 semantics)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    """Token budget of one step (vLLM's default for ``vllm serve`` on H100-class GPUs)."""
+    max_num_seqs: int = Field(default=1024, ge=1)
+    """Most requests running at once."""
+    max_model_len: int = Field(default=131072, ge=2)
+    """Context length: a request's prompt plus output must fit (longer ones are rejected)."""
+    enable_chunked_prefill: bool = True
+    """Split prompts over steps; off, a prompt that does not fit the remaining budget waits."""
+    long_prefill_token_threshold: int = Field(default=0, ge=0)
+    """Per-request, per-step token cap for prefills (0 = off). Ignored with one request."""
+    long_prefill_token_threshold_adaptive: bool = False
+    """Raise the cap to ``max_num_batched_tokens // (running + waiting)`` when that is larger."""
+    scheduler_reserve_full_isl: bool = True
+    """Admit a request only if its whole current sequence fits in free KV blocks."""
+    watermark: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of KV blocks kept free when admitting while other requests run."""
+    block_size: int = Field(default=16, ge=1)
+    """Tokens per KV block (16 on GPU, 128 on CPU)."""
+    num_gpu_blocks: int = Field(default=32768, ge=2)
+    """KV blocks in the pool, including the one vLLM reserves (usable: ``num_gpu_blocks - 1``)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV blocks of identical full prompt blocks across requests."""
+
+    @model_validator(mode="after")
+    def _mirror_vllm_validation(self) -> SimConfig:
+        """The checks vLLM's ``SchedulerConfig`` makes (``verify_max_model_len``)."""
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs})"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"with chunked prefill off, max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be at least max_model_len "
+                f"({self.max_model_len})"
+            )
+        if self.long_prefill_token_threshold > self.max_model_len:
+            raise ValueError(
+                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) must not "
+                f"exceed max_model_len ({self.max_model_len})"
+            )
+        return self
+
+    @property
+    def usable_blocks(self) -> int:
+        return self.num_gpu_blocks - 1

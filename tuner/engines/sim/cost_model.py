@@ -1,0 +1,146 @@
+"""How long one engine step takes, from what the step computes.
+
+Two kinds of profile, both plain YAML or JSON files a user can supply:
+
+``constant``
+    Every step takes ``step_ms`` (for tests and for reasoning about scheduling alone).
+``roofline``
+    A step is bound either by memory traffic (weights read once per step, plus the KV cache
+    that attention reads) or by arithmetic (2 × parameters FLOPs per token, plus attention),
+    whichever is slower, plus a fixed overhead and a per-request cost::
+
+        memory  = (weight_bytes + kv_bytes_per_token × context tokens read) / bandwidth
+        compute = (flops_per_token × tokens + attention_flops_per_pair × query·key pairs)
+                  / effective_flops
+        step    = overhead + per_request × requests + max(memory, compute)
+
+    Every coefficient is a field, so a profile can be fitted from a real engine's per-step log.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from tuner.errors import TunerError
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+class StepShape(BaseModel):
+    """What a step computes, as the cost model sees it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prefill_tokens: int = 0
+    """Prompt (or recomputed) tokens processed in this step."""
+    decode_tokens: int = 0
+    """Requests generating one token in this step."""
+    requests: int = 0
+    """Requests scheduled in this step."""
+    decode_context_tokens: int = 0
+    """KV tokens the decodes' attention reads (sum of their context lengths)."""
+    prefill_context_tokens: int = 0
+    """KV tokens the prefill chunks' attention reads (each chunk's context, summed)."""
+    prefill_attention_pairs: int = 0
+    """Query-key pairs the prefill chunks' causal attention computes."""
+
+
+class ConstantProfile(BaseModel):
+    """Every step takes the same time."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["constant"] = "constant"
+    name: str = "constant"
+    description: str = ""
+    step_ms: float = Field(gt=0)
+    """Duration of every step, in milliseconds."""
+    engine_defaults: dict[str, int | float | bool] = Field(default_factory=dict)
+    """Engine settings this hardware implies (e.g. ``num_gpu_blocks``, ``block_size``)."""
+
+    def step_seconds(self, shape: StepShape) -> float:
+        return self.step_ms / 1000.0
+
+
+class RooflineProfile(BaseModel):
+    """Step time from memory traffic and arithmetic, whichever binds (see module docs)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["roofline"] = "roofline"
+    name: str
+    description: str = ""
+    overhead_ms: float = Field(ge=0)
+    """Fixed cost of a step: scheduling, input preparation, kernel launches, sampling."""
+    per_request_us: float = Field(default=0.0, ge=0)
+    """Extra cost per scheduled request (metadata, sampling)."""
+    weight_bytes: float = Field(ge=0)
+    """Bytes of weights read once per step."""
+    kv_bytes_per_token: float = Field(ge=0)
+    """KV cache bytes per token: 2 × layers × kv_heads × head_dim × dtype bytes."""
+    memory_bandwidth_gbps: float = Field(gt=0)
+    """Achievable memory bandwidth, GB/s (not the datasheet peak)."""
+    flops_per_token: float = Field(ge=0)
+    """Dense FLOPs per processed token, about 2 × parameters."""
+    attention_flops_per_pair: float = Field(ge=0)
+    """Attention FLOPs per query-key pair: 4 × layers × heads × head_dim."""
+    effective_tflops: float = Field(gt=0)
+    """Achievable dense throughput, TFLOP/s (peak × a realistic utilisation)."""
+    engine_defaults: dict[str, int | float | bool] = Field(default_factory=dict)
+    """Engine settings this model on this hardware implies: ``num_gpu_blocks``,
+    ``block_size``, ``max_model_len``, and the ``vllm serve`` defaults for the GPU class."""
+
+    def step_seconds(self, shape: StepShape) -> float:
+        tokens = shape.prefill_tokens + shape.decode_tokens
+        kv_read = shape.decode_context_tokens + shape.prefill_context_tokens
+        memory = (self.weight_bytes + self.kv_bytes_per_token * kv_read) / (
+            self.memory_bandwidth_gbps * 1e9
+        )
+        compute = (
+            self.flops_per_token * tokens
+            + self.attention_flops_per_pair * shape.prefill_attention_pairs
+        ) / (self.effective_tflops * 1e12)
+        return (
+            self.overhead_ms / 1000.0
+            + self.per_request_us / 1e6 * shape.requests
+            + max(memory, compute)
+        )
+
+
+Profile = Annotated[ConstantProfile | RooflineProfile, Field(discriminator="kind")]
+_PROFILE = TypeAdapter(Profile)
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped with the tuner."""
+    return sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str) -> ConstantProfile | RooflineProfile:
+    """A shipped profile by name, or a YAML/JSON file; a one-line error when invalid."""
+    path = Path(name_or_path)
+    if not path.exists():
+        shipped = PROFILES_DIR / f"{name_or_path}.yaml"
+        if not shipped.exists():
+            names = ", ".join(builtin_profiles())
+            raise TunerError(
+                f"no profile file {name_or_path!r}, and no shipped profile by that "
+                f"name (shipped: {names})"
+            )
+        path = shipped
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        raise TunerError(f"{path}: cannot read the profile: {str(exc).splitlines()[0]}") from None
+    try:
+        return _PROFILE.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise TunerError(f"{path}: field '{where}': {first['msg']}") from None

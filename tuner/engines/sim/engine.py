@@ -1,0 +1,217 @@
+"""The simulation loop: arrivals, scheduler steps, step durations, and what they produce.
+
+Time advances step by step: a step starts when the previous one ends (or, when the engine is
+idle, at the next arrival), schedules what has arrived by then, lasts as long as the cost
+model says, and its sampled tokens are delivered at its end. This is vLLM's synchronous engine
+loop (its CPU mode); on GPU vLLM overlaps scheduling with the step (async scheduling), which
+delays freeing a finished request's blocks by one step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from objectives.metrics import RequestRecord, RunMetrics, summarize_run
+from tuner import __version__
+from tuner.engines.sim.config import SimConfig
+from tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile, StepShape
+from tuner.engines.sim.request import PrefixInterner, SimRequest, Status
+from tuner.engines.sim.scheduler import Scheduler, StepPlan
+from tuner.trace.model import Trace
+
+SIMULATOR_VERSION = f"tuner-sim {__version__} (vLLM V1 scheduler, synchronous)"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine step, as the per-step trace (``--steps-out``) writes it."""
+
+    index: int
+    start_s: float
+    duration_s: float
+    scheduled: dict[str, int]
+    """Tokens scheduled per request id, in scheduling order."""
+    prefill_tokens: int
+    decode_tokens: int
+    preempted: tuple[str, ...]
+    finished: tuple[str, ...]
+    running: int
+    """Requests running after the step (finished ones removed)."""
+    waiting: int
+    kv_blocks_used: int
+    """KV blocks in use during the step (before finished requests free theirs)."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "step": self.index,
+            "start_s": round(self.start_s, 9),
+            "duration_s": round(self.duration_s, 9),
+            "scheduled": self.scheduled,
+            "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+            "preempted": list(self.preempted),
+            "finished": list(self.finished),
+            "running": self.running,
+            "waiting": self.waiting,
+            "kv_blocks_used": self.kv_blocks_used,
+        }
+
+
+@dataclass
+class SimResult:
+    """Everything one simulated run produced."""
+
+    config: SimConfig
+    profile: str
+    records: list[RequestRecord]
+    metrics: RunMetrics
+    steps: int
+    peak_kv_blocks: int
+    usable_kv_blocks: int
+    preemptions: int
+    wall_s: float
+    stalled: str | None = None
+    """Why the run stopped before serving everything (a request that can never be admitted)."""
+    engine_version: str = SIMULATOR_VERSION
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_kv_usage(self) -> float:
+        return self.peak_kv_blocks / self.usable_kv_blocks if self.usable_kv_blocks else 0.0
+
+
+def simulate(
+    trace: Trace,
+    config: SimConfig,
+    profile: ConstantProfile | RooflineProfile,
+    *,
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> SimResult:
+    """Replay ``trace`` through the simulated engine; ``on_step`` sees every step."""
+    started = time.perf_counter()
+    interner = PrefixInterner()
+    requests = [SimRequest(i, r, interner) for i, r in enumerate(trace.requests)]
+    errors: dict[int, str] = {}
+    accepted: list[SimRequest] = []
+    for request in requests:
+        if request.prompt + request.max_tokens > config.max_model_len:
+            request.status = Status.REJECTED
+            errors[request.index] = (
+                f"rejected: prompt + output tokens exceed max_model_len {config.max_model_len}"
+            )
+        else:
+            accepted.append(request)
+
+    scheduler = Scheduler(config)
+    kv = scheduler.kv
+    clock = accepted[0].arrival_s if accepted else 0.0
+    next_arrival = 0
+    step_index = 0
+    peak_blocks = preemptions = 0
+    stalled: str | None = None
+    while True:
+        while next_arrival < len(accepted) and accepted[next_arrival].arrival_s <= clock:
+            scheduler.add_request(accepted[next_arrival])
+            next_arrival += 1
+        if not scheduler.has_work():
+            if next_arrival >= len(accepted):
+                break
+            clock = accepted[next_arrival].arrival_s
+            continue
+        plan = scheduler.schedule()
+        preemptions += len(plan.preempted)
+        if not plan.scheduled:
+            if plan.preempted:
+                continue  # the next schedule() admits from the refilled queue
+            stalled = _stall_reason(scheduler)
+            break
+        used = kv.num_used_blocks
+        peak_blocks = max(peak_blocks, used)
+        shape = _shape(plan)
+        duration = profile.step_seconds(shape)
+        end = clock + duration
+        finished = scheduler.finish_step(plan, end)
+        if on_step is not None:
+            on_step(
+                StepRecord(
+                    index=step_index,
+                    start_s=clock,
+                    duration_s=duration,
+                    scheduled={r.id: n for r, n in plan.scheduled},
+                    prefill_tokens=shape.prefill_tokens,
+                    decode_tokens=shape.decode_tokens,
+                    preempted=tuple(r.id for r in plan.preempted),
+                    finished=tuple(r.id for r in finished),
+                    running=len(scheduler.running),
+                    waiting=len(scheduler.waiting),
+                    kv_blocks_used=used,
+                )
+            )
+        step_index += 1
+        clock = end
+
+    if stalled:
+        for request in requests:
+            if request.status not in (Status.FINISHED, Status.REJECTED):
+                errors[request.index] = "stalled: " + stalled
+    records = [
+        RequestRecord(
+            id=r.id,
+            sent_s=r.arrival_s,
+            token_times_s=r.token_times,
+            expected_tokens=r.max_tokens,
+            error=errors.get(r.index),
+            preemptions=r.preemptions,
+        )
+        for r in requests
+    ]
+    return SimResult(
+        config=config,
+        profile=profile.name,
+        records=records,
+        metrics=summarize_run(records),
+        steps=step_index,
+        peak_kv_blocks=peak_blocks,
+        usable_kv_blocks=config.usable_blocks,
+        preemptions=preemptions,
+        wall_s=time.perf_counter() - started,
+        stalled=stalled,
+    )
+
+
+def _shape(plan: StepPlan) -> StepShape:
+    """Classify the step's tokens for the cost model: a decode is one new token after output."""
+    prefill = decode = decode_context = prefill_context = pairs = 0
+    for request, num_new in plan.scheduled:
+        before = request.num_computed - num_new
+        if num_new == 1 and request.num_output > 0 and before == request.num_tokens - 1:
+            decode += 1
+            decode_context += before + 1
+        else:
+            prefill += num_new
+            prefill_context += before + num_new
+            pairs += num_new * before + num_new * (num_new + 1) // 2
+    return StepShape(
+        prefill_tokens=prefill,
+        decode_tokens=decode,
+        requests=len(plan.scheduled),
+        decode_context_tokens=decode_context,
+        prefill_context_tokens=prefill_context,
+        prefill_attention_pairs=pairs,
+    )
+
+
+def _stall_reason(scheduler: Scheduler) -> str:
+    head = scheduler.waiting[0]
+    need = -(-head.num_tokens // scheduler.config.block_size)
+    return (
+        f"request {head.id} can never be admitted: it needs {need} KV blocks at admission and "
+        f"the pool has {scheduler.kv.usable_blocks} usable"
+        + (
+            f" (minus a watermark of {scheduler.kv.watermark_blocks})"
+            if scheduler.kv.watermark_blocks
+            else ""
+        )
+    )

@@ -1,0 +1,105 @@
+"""A request's state inside the simulated engine, and its KV blocks' prefix-cache identity."""
+
+from __future__ import annotations
+
+import enum
+
+from tuner.trace.model import Request
+
+_POSITION_BITS = 24
+"""Bits for a KV block's index inside a request in a block key (16M blocks: ample)."""
+
+
+class Status(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+    REJECTED = 4
+
+
+class PrefixInterner:
+    """Gives every distinct chain of prefix-block ids one small integer.
+
+    vLLM hashes each full KV block together with the hash of the block before it, so a block's
+    identity is its whole prefix. Requests whose leading trace prefix blocks are equal get equal
+    chain ids for those blocks, and so equal KV block keys: exactly the blocks vLLM would share.
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[int, int, int], int] = {}
+
+    def chain(self, blocks: tuple[int, ...], block_size: int) -> list[int]:
+        ids = self._ids
+        chain: list[int] = []
+        previous = -1
+        for block in blocks:
+            key = (previous, block, block_size)
+            previous = ids.get(key, -2)
+            if previous == -2:
+                previous = ids[key] = len(ids)
+            chain.append(previous)
+        return chain
+
+
+class SimRequest:
+    """Mutable per-request state, mirroring the fields of vLLM's ``Request`` that scheduling
+    reads. Slotted: the simulator touches these millions of times."""
+
+    __slots__ = (
+        "arrival_s",
+        "blocks",
+        "chain",
+        "id",
+        "index",
+        "max_tokens",
+        "num_cached_blocks",
+        "num_computed",
+        "num_output",
+        "preemptions",
+        "prompt",
+        "shared_tokens",
+        "status",
+        "token_times",
+        "trace_block_size",
+    )
+
+    def __init__(self, index: int, request: Request, interner: PrefixInterner) -> None:
+        self.index = index
+        self.id = request.id
+        self.arrival_s = request.arrival_s
+        self.prompt = request.prompt_tokens
+        self.max_tokens = request.output_tokens
+        self.num_computed = 0
+        self.num_output = 0
+        self.status = Status.WAITING
+        self.blocks: list[int] = []
+        self.num_cached_blocks = 0
+        self.preemptions = 0
+        self.token_times: list[float] = []
+        self.trace_block_size = request.prefix_block_size or 1
+        self.chain = (
+            interner.chain(request.prefix_blocks, self.trace_block_size)
+            if request.prefix_blocks
+            else []
+        )
+        # Prompt tokens whose content is given by the trace's prefix blocks (the rest, and all
+        # output tokens, are unique to this request).
+        self.shared_tokens = min(self.prompt, len(self.chain) * self.trace_block_size)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus the output tokens generated so far (vLLM's ``num_tokens``)."""
+        return self.prompt + self.num_output
+
+    def block_key(self, position: int, block_size: int) -> int:
+        """Prefix-cache identity of the request's KV block ``position``.
+
+        A block made only of trace-described prompt tokens is keyed by the chain id of the
+        trace block holding its last token (which fixes every token before it); any other
+        block is private to this request (negative keys never meet a shared one).
+        """
+        end = (position + 1) * block_size
+        if end <= self.shared_tokens:
+            return (self.chain[(end - 1) // self.trace_block_size] << _POSITION_BITS) | position
+        return -(((self.index + 1) << _POSITION_BITS) | position)
