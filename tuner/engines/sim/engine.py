@@ -33,6 +33,8 @@ class StepRecord:
     duration_s: float
     scheduled: dict[str, int]
     """Tokens scheduled per request id, in scheduling order."""
+    admitted: dict[str, int]
+    """Requests admitted this step → prompt tokens served by the prefix cache."""
     prefill_tokens: int
     decode_tokens: int
     preempted: tuple[str, ...]
@@ -49,6 +51,7 @@ class StepRecord:
             "start_s": round(self.start_s, 9),
             "duration_s": round(self.duration_s, 9),
             "scheduled": self.scheduled,
+            "admitted": self.admitted,
             "prefill_tokens": self.prefill_tokens,
             "decode_tokens": self.decode_tokens,
             "preempted": list(self.preempted),
@@ -72,6 +75,10 @@ class SimResult:
     usable_kv_blocks: int
     preemptions: int
     wall_s: float
+    prefix_cache_queries: int = 0
+    """Prompt tokens looked up in the prefix cache at admission."""
+    prefix_cache_hits: int = 0
+    """Of those, tokens served from the cache."""
     stalled: str | None = None
     """Why the run stopped before serving everything (a request that can never be admitted)."""
     engine_version: str = SIMULATOR_VERSION
@@ -122,15 +129,14 @@ def simulate(
             continue
         plan = scheduler.schedule()
         preemptions += len(plan.preempted)
-        if not plan.scheduled:
-            if plan.preempted:
-                continue  # the next schedule() admits from the refilled queue
+        if not plan.scheduled and not plan.preempted:
             stalled = _stall_reason(scheduler)
             break
         used = kv.num_used_blocks
         peak_blocks = max(peak_blocks, used)
         shape = _shape(plan)
-        duration = profile.step_seconds(shape)
+        # A step that only preempted runs no model: vLLM skips execution when no token is due.
+        duration = profile.step_seconds(shape) if plan.scheduled else 0.0
         end = clock + duration
         finished = scheduler.finish_step(plan, end)
         if on_step is not None:
@@ -140,6 +146,7 @@ def simulate(
                     start_s=clock,
                     duration_s=duration,
                     scheduled={r.id: n for r, n in plan.scheduled},
+                    admitted=plan.admitted,
                     prefill_tokens=shape.prefill_tokens,
                     decode_tokens=shape.decode_tokens,
                     preempted=tuple(r.id for r in plan.preempted),
@@ -177,6 +184,8 @@ def simulate(
         usable_kv_blocks=config.usable_blocks,
         preemptions=preemptions,
         wall_s=time.perf_counter() - started,
+        prefix_cache_queries=scheduler.prefix_queries,
+        prefix_cache_hits=scheduler.prefix_hits,
         stalled=stalled,
     )
 

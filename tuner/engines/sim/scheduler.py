@@ -37,6 +37,8 @@ class StepPlan:
     scheduled: list[tuple[SimRequest, int]] = field(default_factory=list)
     """(request, tokens) in scheduling order: running requests first, then admissions."""
     preempted: list[SimRequest] = field(default_factory=list)
+    admitted: dict[str, int] = field(default_factory=dict)
+    """Requests admitted from the waiting queue → tokens already computed (prefix hit)."""
 
 
 class Scheduler:
@@ -53,6 +55,10 @@ class Scheduler:
         )
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
+        self.prefix_queries = 0
+        """Tokens looked up in the prefix cache (vLLM's ``prefix_cache_queries``)."""
+        self.prefix_hits = 0
+        """Of those, tokens found (vLLM's ``prefix_cache_hits``)."""
 
     def add_request(self, request: SimRequest) -> None:
         self.waiting.append(request)
@@ -98,7 +104,11 @@ class Scheduler:
         if not plan.preempted:
             while budget > 0 and waiting and len(running) < config.max_num_seqs:
                 request = waiting[0]
-                hit_blocks = kv.computed_blocks(request) if request.num_computed == 0 else []
+                hit_blocks: list[int] = []
+                if request.num_computed == 0 and kv.enable_caching:
+                    hit_blocks = kv.computed_blocks(request)
+                    self.prefix_queries += request.num_tokens
+                    self.prefix_hits += len(hit_blocks) * config.block_size
                 num_computed = request.num_computed + len(hit_blocks) * config.block_size
                 num_new = request.num_tokens - num_computed
                 if 0 < threshold < num_new:
@@ -118,6 +128,7 @@ class Scheduler:
                 running.append(request)
                 request.status = Status.RUNNING
                 request.num_computed = num_computed
+                plan.admitted[request.id] = num_computed
                 plan.scheduled.append((request, num_new))
                 budget -= num_new
 

@@ -1,0 +1,65 @@
+"""Random small scenarios that exercise every scheduling rule: chunking, the long-prefill
+threshold (adaptive too), preemption under KV pressure, reserve-full-ISL on and off, the
+watermark, chunked prefill off, and prefix-cache hits from shared prefix blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tuner.engines.sim.config import SimConfig
+from tuner.trace.model import Request, Trace
+
+
+def random_scenario(seed: int) -> tuple[Trace, SimConfig]:
+    rng = np.random.default_rng(seed)
+    block_size = int(rng.choice([4, 8, 16]))
+    trace_block = block_size * int(rng.choice([1, 2]))
+    max_model_len = int(rng.choice([128, 256]))
+    n = int(rng.integers(2, 13))
+    documents = int(rng.integers(1, 4))
+    requests = []
+    clock = 0.0
+    for index in range(n):
+        clock += float(rng.choice([0.0, rng.uniform(0, 3)]))
+        prompt = int(rng.integers(1, 90))
+        output = int(rng.integers(1, 25))
+        blocks: tuple[int, ...] = ()
+        if rng.random() < 0.7:
+            count = -(-prompt // trace_block)
+            shared = int(rng.integers(0, count + 1))
+            document = int(rng.integers(0, documents))
+            blocks = tuple(document * 1000 + j for j in range(shared)) + tuple(
+                100_000 + index * 100 + j for j in range(count - shared)
+            )
+        requests.append(
+            Request(
+                id=f"r{index}",
+                arrival_s=round(clock, 3),
+                prompt_tokens=prompt,
+                output_tokens=output,
+                prefix_blocks=blocks,
+                prefix_block_size=trace_block if blocks else None,
+            )
+        )
+    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
+    max_num_seqs = int(rng.integers(1, 9))
+    chunked = rng.random() < 0.8
+    budget = int(rng.integers(max(max_num_seqs, 4), 65)) if chunked else max_model_len
+    threshold = int(rng.choice([0, 0, rng.integers(1, 17)]))
+    # From tight (preemption, waiting on KV) to ample.
+    needed = -(-longest // block_size)
+    num_blocks = int(rng.integers(needed + 2, needed + 40))
+    config = SimConfig(
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=threshold,
+        long_prefill_token_threshold_adaptive=bool(rng.random() < 0.3),
+        scheduler_reserve_full_isl=bool(rng.random() < 0.6),
+        watermark=float(rng.choice([0.0, 0.0, 0.1])),
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+        enable_prefix_caching=bool(rng.random() < 0.85),
+    )
+    return Trace(tuple(requests)), config
