@@ -7,6 +7,7 @@ import sys
 import typer
 
 from tuner import __version__
+from tuner.cli.simulate_cmd import simulate_command
 from tuner.cli.trace_cmd import trace_app
 from tuner.errors import TunerError
 
@@ -18,6 +19,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(trace_app, name="trace")
+app.command("simulate")(simulate_command)
 
 EXIT_BAD_INPUT = 2
 """Exit code for bad input (a file, flag or value), as for command-line usage errors."""

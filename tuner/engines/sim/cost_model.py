@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -65,6 +66,10 @@ class ConstantProfile(BaseModel):
 
     def step_seconds(self, shape: StepShape) -> float:
         return self.step_ms / 1000.0
+
+    def decode_run_seconds(self, requests: int, first_context: int, steps: int) -> np.ndarray:
+        """Durations of ``steps`` consecutive plain decode steps."""
+        return np.full(steps, self.step_ms / 1000.0)
 
 
 class RooflineProfile(BaseModel):
@@ -109,6 +114,23 @@ class RooflineProfile(BaseModel):
             self.overhead_ms / 1000.0
             + self.per_request_us / 1e6 * shape.requests
             + max(memory, compute)
+        )
+
+    def decode_run_seconds(self, requests: int, first_context: int, steps: int) -> np.ndarray:
+        """Durations of ``steps`` consecutive plain decode steps of ``requests`` requests whose
+        contexts sum to ``first_context`` in the first step and grow by one token each step.
+        Same arithmetic, in the same order, as :meth:`step_seconds`."""
+        context = first_context + requests * np.arange(steps, dtype=np.float64)
+        memory = (self.weight_bytes + self.kv_bytes_per_token * context) / (
+            self.memory_bandwidth_gbps * 1e9
+        )
+        compute = (self.flops_per_token * requests + self.attention_flops_per_pair * 0) / (
+            self.effective_tflops * 1e12
+        )
+        return (
+            self.overhead_ms / 1000.0
+            + self.per_request_us / 1e6 * requests
+            + np.maximum(memory, compute)
         )
 
 

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from objectives.metrics import RequestRecord, RunMetrics, summarize_run
 from tuner import __version__
 from tuner.engines.sim.config import SimConfig
@@ -95,8 +97,13 @@ def simulate(
     profile: ConstantProfile | RooflineProfile,
     *,
     on_step: Callable[[StepRecord], None] | None = None,
+    fast_forward: bool = True,
 ) -> SimResult:
-    """Replay ``trace`` through the simulated engine; ``on_step`` sees every step."""
+    """Replay ``trace`` through the simulated engine; ``on_step`` sees every step.
+
+    ``fast_forward`` applies runs of plain decode steps in one go (same results, much faster;
+    off only to check exactly that).
+    """
     started = time.perf_counter()
     interner = PrefixInterner()
     requests = [SimRequest(i, r, interner) for i, r in enumerate(trace.requests)]
@@ -126,6 +133,17 @@ def simulate(
             if next_arrival >= len(accepted):
                 break
             clock = accepted[next_arrival].arrival_s
+            continue
+        arrival = accepted[next_arrival].arrival_s if next_arrival < len(accepted) else None
+        run = _decode_run(scheduler, profile, clock, arrival) if fast_forward else None
+        if run is not None:
+            starts, durations, ends = run
+            used = scheduler.apply_decode_run(len(ends), ends)
+            peak_blocks = max(peak_blocks, used[-1])
+            if on_step is not None:
+                _emit_run(on_step, scheduler, step_index, starts, durations, used)
+            step_index += len(ends)
+            clock = ends[-1]
             continue
         plan = scheduler.schedule()
         preemptions += len(plan.preempted)
@@ -188,6 +206,64 @@ def simulate(
         prefix_cache_hits=scheduler.prefix_hits,
         stalled=stalled,
     )
+
+
+MIN_DECODE_RUN = 4
+"""Shorter runs of plain decode steps are cheaper to schedule one by one."""
+
+
+def _decode_run(
+    scheduler: Scheduler,
+    profile: ConstantProfile | RooflineProfile,
+    clock: float,
+    next_arrival_s: float | None,
+) -> tuple[list[float], list[float], list[float]] | None:
+    """Start times, durations and end times of the plain decode steps that start now, up to
+    the next arrival; ``None`` when fewer than :data:`MIN_DECODE_RUN`."""
+    limit = scheduler.decode_run_limit()
+    if limit < MIN_DECODE_RUN:
+        return None
+    running = scheduler.running
+    context = sum(r.num_computed + 1 for r in running)
+    durations = profile.decode_run_seconds(len(running), context, limit)
+    # Sequential float additions, exactly as the step-by-step loop accumulates its clock.
+    times = np.cumsum(np.concatenate(([clock], durations)))
+    steps = limit
+    if next_arrival_s is not None:
+        # A step starting at or after the next arrival would admit it: stop before it.
+        steps = min(steps, int(np.searchsorted(times[:-1], next_arrival_s, side="left")))
+    if steps < MIN_DECODE_RUN:
+        return None
+    return times[:steps].tolist(), durations[:steps].tolist(), times[1 : steps + 1].tolist()
+
+
+def _emit_run(
+    on_step: Callable[[StepRecord], None],
+    scheduler: Scheduler,
+    first_index: int,
+    starts: list[float],
+    durations: list[float],
+    used: list[int],
+) -> None:
+    ids = [r.id for r in scheduler.running]
+    waiting = len(scheduler.waiting)
+    for offset, (start, duration, blocks) in enumerate(zip(starts, durations, used, strict=True)):
+        on_step(
+            StepRecord(
+                index=first_index + offset,
+                start_s=start,
+                duration_s=duration,
+                scheduled=dict.fromkeys(ids, 1),
+                admitted={},
+                prefill_tokens=0,
+                decode_tokens=len(ids),
+                preempted=(),
+                finished=(),
+                running=len(ids),
+                waiting=waiting,
+                kv_blocks_used=blocks,
+            )
+        )
 
 
 def _shape(plan: StepPlan) -> StepShape:

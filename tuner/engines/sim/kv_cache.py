@@ -19,6 +19,8 @@ free blocks need an order (an insertion-ordered dict).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from tuner.engines.sim.request import SimRequest, Status
 
 
@@ -40,7 +42,7 @@ class KVCache:
         self.max_model_len = max_model_len
         self.watermark_blocks = int(watermark * num_blocks)
         self._uncached_free: list[int] = list(range(num_blocks - 1, 0, -1))
-        self._cached_free: dict[int, None] = {}  # LRU order: first = evicted first
+        self._cached_free: OrderedDict[int, None] = OrderedDict()  # first = evicted first
         self._ref = [0] * num_blocks
         self._key: list[int | None] = [None] * num_blocks
         self._by_key: dict[int, dict[int, None]] = {}  # key → block ids, first = the one hit
@@ -67,6 +69,30 @@ class KVCache:
             hit.append(next(iter(holders)))
         return hit
 
+    def can_allocate(
+        self,
+        request: SimRequest,
+        num_new_tokens: int,
+        hit_blocks: list[int],
+        *,
+        full_sequence_must_fit: bool = False,
+        has_scheduled_reqs: bool = True,
+    ) -> bool:
+        """Whether :meth:`allocate_slots` would succeed (it changes nothing)."""
+        local_computed = request.num_computed + len(hit_blocks) * self.block_size
+        watermark = (
+            self.watermark_blocks
+            if has_scheduled_reqs and request.status in (Status.WAITING, Status.PREEMPTED)
+            else 0
+        )
+        free = self.num_free_blocks
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if self._blocks_needed(request, full, hit_blocks) + watermark > free:
+                return False
+        need_slots = min(local_computed + num_new_tokens, self.max_model_len)
+        return self._blocks_needed(request, need_slots, hit_blocks) + watermark <= free
+
     def allocate_slots(
         self,
         request: SimRequest,
@@ -79,33 +105,25 @@ class KVCache:
         """Give the request slots for ``num_new_tokens`` more tokens, adopting ``hit_blocks``
         first; False (and no change) when the free blocks do not suffice."""
         hit_blocks = hit_blocks or []
-        size = self.block_size
-        local_computed = request.num_computed + len(hit_blocks) * size
-        total_computed = min(local_computed, self.max_model_len)
-        watermark = (
-            self.watermark_blocks
-            if has_scheduled_reqs and request.status in (Status.WAITING, Status.PREEMPTED)
-            else 0
-        )
-        free = self.num_free_blocks
-        if full_sequence_must_fit:
-            full = min(request.num_tokens, self.max_model_len)
-            if self._blocks_needed(request, full, hit_blocks) + watermark > free:
-                return False
-        need_slots = min(total_computed + num_new_tokens, self.max_model_len)
-        if self._blocks_needed(request, need_slots, hit_blocks) + watermark > free:
+        if not self.can_allocate(
+            request,
+            num_new_tokens,
+            hit_blocks,
+            full_sequence_must_fit=full_sequence_must_fit,
+            has_scheduled_reqs=has_scheduled_reqs,
+        ):
             return False
+        computed = min(request.num_computed + len(hit_blocks) * self.block_size, self.max_model_len)
         if hit_blocks:
             self._touch(hit_blocks)
             request.blocks.extend(hit_blocks)
             request.num_cached_blocks = len(request.blocks)
-        missing = -(-need_slots // size) - len(request.blocks)
+        need_slots = min(computed + num_new_tokens, self.max_model_len)
+        missing = -(-need_slots // self.block_size) - len(request.blocks)
         if missing > 0:
-            request.blocks.extend(self._new_blocks(missing))
+            request.blocks.extend(self.new_blocks(missing))
         if self.enable_caching:
-            self._cache_full_blocks(
-                request, min(total_computed + num_new_tokens, request.num_tokens)
-            )
+            self.cache_full_blocks(request, min(computed + num_new_tokens, request.num_tokens))
         return True
 
     def free(self, request: SimRequest) -> None:
@@ -121,7 +139,7 @@ class KVCache:
         request.blocks = []
         request.num_cached_blocks = 0
 
-    # --- internals -----------------------------------------------------------------------------
+    # --- internals (and the pieces the scheduler's decode fast path uses) -----------------------------------------------------------------------------
 
     def _blocks_needed(self, request: SimRequest, num_tokens: int, hit_blocks: list[int]) -> int:
         required = -(-num_tokens // self.block_size)
@@ -136,15 +154,15 @@ class KVCache:
                 del self._cached_free[block]
             ref[block] += 1
 
-    def _new_blocks(self, count: int) -> list[int]:
+    def new_blocks(self, count: int) -> list[int]:
+        """Take ``count`` free blocks: uncached ones first, then the least recently used."""
         taken: list[int] = []
         uncached, cached, ref = self._uncached_free, self._cached_free, self._ref
         for _ in range(count):
             if uncached:
                 block = uncached.pop()
             else:
-                block = next(iter(cached))
-                del cached[block]
+                block, _ = cached.popitem(last=False)
                 self._evict(block)
             ref[block] = 1
             taken.append(block)
@@ -160,7 +178,8 @@ class KVCache:
             del self._by_key[key]
         self._key[block] = None
 
-    def _cache_full_blocks(self, request: SimRequest, num_tokens: int) -> None:
+    def cache_full_blocks(self, request: SimRequest, num_tokens: int) -> None:
+        """Register the request's full blocks up to ``num_tokens`` under their keys."""
         size = self.block_size
         full = num_tokens // size
         for position in range(request.num_cached_blocks, full):

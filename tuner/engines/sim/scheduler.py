@@ -56,9 +56,10 @@ class Scheduler:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.prefix_queries = 0
-        """Tokens looked up in the prefix cache (vLLM's ``prefix_cache_queries``)."""
+        """Prompt tokens of requests admitted for the first time (vLLM's counter also counts
+        every repeated lookup of a request that waits, and resumed requests)."""
         self.prefix_hits = 0
-        """Of those, tokens found (vLLM's ``prefix_cache_hits``)."""
+        """Of those, tokens served by the prefix cache."""
 
     def add_request(self, request: SimRequest) -> None:
         self.waiting.append(request)
@@ -77,10 +78,25 @@ class Scheduler:
             threshold = max(threshold, config.max_num_batched_tokens // eligible)
         max_model_len = config.max_model_len
 
+        block_size, caching = config.block_size, kv.enable_caching
         index = 0
         while index < len(running) and budget > 0:
             request = running[index]
-            num_new = request.num_tokens - request.num_computed
+            computed = request.num_computed
+            num_new = request.num_tokens - computed
+            if (
+                num_new == 1
+                and computed < len(request.blocks) * block_size
+                and computed + 2 <= max_model_len
+            ):
+                # Fast path for the common decode: its slot is already allocated, so vLLM's
+                # allocate_slots can only succeed and at most register a just-filled block.
+                if caching and (computed + 1) % block_size == 0:
+                    kv.cache_full_blocks(request, computed + 1)
+                plan.scheduled.append((request, 1))
+                budget -= 1
+                index += 1
+                continue
             if 0 < threshold < num_new:
                 num_new = threshold
             num_new = min(num_new, budget, max_model_len - request.num_computed - 1)
@@ -104,11 +120,9 @@ class Scheduler:
         if not plan.preempted:
             while budget > 0 and waiting and len(running) < config.max_num_seqs:
                 request = waiting[0]
-                hit_blocks: list[int] = []
-                if request.num_computed == 0 and kv.enable_caching:
-                    hit_blocks = kv.computed_blocks(request)
-                    self.prefix_queries += request.num_tokens
-                    self.prefix_hits += len(hit_blocks) * config.block_size
+                hit_blocks = (
+                    kv.computed_blocks(request) if request.num_computed == 0 and caching else []
+                )
                 num_computed = request.num_computed + len(hit_blocks) * config.block_size
                 num_new = request.num_tokens - num_computed
                 if 0 < threshold < num_new:
@@ -129,12 +143,104 @@ class Scheduler:
                 request.status = Status.RUNNING
                 request.num_computed = num_computed
                 plan.admitted[request.id] = num_computed
+                if caching and not request.preemptions:
+                    self.prefix_queries += request.num_tokens
+                    self.prefix_hits += num_computed
                 plan.scheduled.append((request, num_new))
                 budget -= num_new
 
         for request, num_new in plan.scheduled:
             request.num_computed += num_new
         return plan
+
+    def decode_run_limit(self) -> int:
+        """How many steps, starting now, are certain to be plain decode steps.
+
+        Such a step gives every running request one token and admits nobody, so its outcome is
+        known without scheduling it. That holds while: every running request is decoding and
+        they fit the budget; the waiting queue is empty, or its head cannot be admitted during
+        the run (free KV blocks only shrink while nobody finishes, and its prefix hit can only
+        shrink); nobody finishes (the run stops before the first finishing step); and every
+        block allocation fits in the free blocks (the run stops before a preemption).
+        New arrivals are the caller's to bound.
+        """
+        config, kv, running = self.config, self.kv, self.running
+        count = len(running)
+        if not count or count > config.max_num_batched_tokens:
+            return 0
+        steps = config.max_model_len
+        for request in running:
+            if request.num_computed != request.num_tokens - 1 or not request.num_output:
+                return 0  # still prefilling (a last 1-token chunk is a prefill, not a decode)
+            steps = min(steps, request.max_tokens - request.num_output - 1)
+        if steps <= 0 or (self.waiting and not self._head_blocked(count)):
+            return 0
+        size = config.block_size
+        # Allocation steps: request i needs a block whenever its computed tokens reach the end
+        # of its last block. Stop before the first step whose allocations would not fit.
+        free = kv.num_free_blocks
+        first_needs = [len(r.blocks) * size - r.num_computed for r in running]
+        needs_by_step = [0] * steps
+        for first in first_needs:
+            for step in range(first, steps, size):
+                needs_by_step[step] += 1
+        total = 0
+        for step, needs in enumerate(needs_by_step):
+            total += needs
+            if total > free:
+                return step
+        return steps
+
+    def _head_blocked(self, running: int) -> bool:
+        """Whether the waiting head cannot be admitted with ``running`` decodes (and stays so
+        while the run lasts)."""
+        config, kv = self.config, self.kv
+        budget = config.max_num_batched_tokens - running
+        if running >= config.max_num_seqs or budget <= 0:
+            return True
+        head = self.waiting[0]
+        hits = kv.computed_blocks(head) if head.num_computed == 0 and kv.enable_caching else []
+        num_new = head.num_tokens - head.num_computed - len(hits) * config.block_size
+        eligible = running + len(self.waiting)
+        threshold = config.long_prefill_token_threshold if eligible > 1 else 0
+        if threshold > 0 and config.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, config.max_num_batched_tokens // eligible)
+        if 0 < threshold < num_new:
+            num_new = threshold
+        if not config.enable_chunked_prefill and num_new > budget:
+            return True
+        return not kv.can_allocate(
+            head,
+            min(num_new, budget),
+            hits,
+            full_sequence_must_fit=config.scheduler_reserve_full_isl,
+            has_scheduled_reqs=True,
+        )
+
+    def apply_decode_run(self, steps: int, token_times: list[float]) -> list[int]:
+        """Apply ``steps`` plain decode steps (as :meth:`decode_run_limit` allowed) whose
+        tokens arrive at ``token_times``. Returns the KV blocks in use during each step."""
+        kv, size, running = self.kv, self.config.block_size, self.running
+        used = [0] * steps
+        start_used = kv.num_used_blocks
+        for request in running:
+            computed = request.num_computed
+            first = len(request.blocks) * size - computed
+            allocations = len(range(first, steps, size))
+            if allocations:
+                request.blocks.extend(kv.new_blocks(allocations))
+                for step in range(first, steps, size):
+                    used[step] += 1
+            request.num_computed = computed + steps
+            request.num_output += steps
+            request.token_times.extend(token_times)
+            if kv.enable_caching:
+                kv.cache_full_blocks(request, computed + steps)
+        total = start_used
+        for step in range(steps):
+            total += used[step]
+            used[step] = total
+        return used
 
     def _preempt(self, request: SimRequest) -> None:
         """Recompute preemption: free everything, restart from the front of the queue."""
