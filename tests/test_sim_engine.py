@@ -118,7 +118,7 @@ def test_profiles_load_from_files_with_clear_errors(tmp_path: Path) -> None:
     assert load_profile(str(good)).step_seconds(StepShape()) == 0.005
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: roofline\nname: x\noverhead_ms: -1\n")
-    with pytest.raises(TunerError, match="bad.yaml: field 'roofline.overhead_ms'"):
+    with pytest.raises(TunerError, match=r"bad\.yaml: field 'roofline\.overhead_ms'"):
         load_profile(str(bad))
     with pytest.raises(TunerError, match="no shipped profile"):
         load_profile("no-such-profile")

@@ -139,7 +139,7 @@ class KVCache:
         request.blocks = []
         request.num_cached_blocks = 0
 
-    # --- internals (and the pieces the scheduler's decode fast path uses) -----------------------------------------------------------------------------
+    # --- internals -------------------------------------------------------------------------
 
     def _blocks_needed(self, request: SimRequest, num_tokens: int, hit_blocks: list[int]) -> int:
         required = -(-num_tokens // self.block_size)
