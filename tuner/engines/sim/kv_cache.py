@@ -45,7 +45,9 @@ class KVCache:
         self._cached_free: OrderedDict[int, None] = OrderedDict()  # first = evicted first
         self._ref = [0] * num_blocks
         self._key: list[int | None] = [None] * num_blocks
-        self._by_key: dict[int, dict[int, None]] = {}  # key → block ids, first = the one hit
+        # key → the block holding it, or (duplicates) an ordered dict of them, first = the one
+        # a hit takes; as vLLM's BlockHashToBlockMap.
+        self._by_key: dict[int, int | dict[int, None]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -61,12 +63,13 @@ class KVCache:
         if not self.enable_caching:
             return []
         size = self.block_size
+        by_key = self._by_key
         hit: list[int] = []
-        for position in range((request.num_tokens - 1) // size):
-            holders = self._by_key.get(request.block_key(position, size))
-            if not holders:
+        for key in request.block_keys(0, (request.num_tokens - 1) // size, size):
+            holder = by_key.get(key)
+            if holder is None:
                 break
-            hit.append(next(iter(holders)))
+            hit.append(holder if holder.__class__ is int else next(iter(holder)))  # type: ignore[arg-type]
         return hit
 
     def can_allocate(
@@ -128,14 +131,17 @@ class KVCache:
 
     def free(self, request: SimRequest) -> None:
         """Return the request's blocks, last first (so its tail is evicted first)."""
-        ref, key = self._ref, self._key
+        ref, key_of = self._ref, self._key
+        uncached, cached = self._uncached_free, self._cached_free
+        caching = self.enable_caching
         for block in reversed(request.blocks):
-            ref[block] -= 1
-            if ref[block] == 0:
-                if key[block] is None or not self.enable_caching:
-                    self._uncached_free.append(block)
+            count = ref[block] - 1
+            ref[block] = count
+            if count == 0:
+                if caching and key_of[block] is not None:
+                    cached[block] = None
                 else:
-                    self._cached_free[block] = None
+                    uncached.append(block)
         request.blocks = []
         request.num_cached_blocks = 0
 
@@ -156,38 +162,55 @@ class KVCache:
 
     def new_blocks(self, count: int) -> list[int]:
         """Take ``count`` free blocks: uncached ones first, then the least recently used."""
-        taken: list[int] = []
-        uncached, cached, ref = self._uncached_free, self._cached_free, self._ref
-        for _ in range(count):
-            if uncached:
-                block = uncached.pop()
-            else:
-                block, _ = cached.popitem(last=False)
-                self._evict(block)
+        uncached = self._uncached_free
+        if count <= len(uncached):
+            taken = uncached[len(uncached) - count :]
+            del uncached[len(uncached) - count :]
+        else:
+            taken = uncached[:]
+            uncached.clear()
+            popitem = self._cached_free.popitem
+            evicted = [popitem(last=False)[0] for _ in range(count - len(taken))]
+            self._evict(evicted)
+            taken += evicted
+        ref = self._ref
+        for block in taken:
             ref[block] = 1
-            taken.append(block)
         return taken
 
-    def _evict(self, block: int) -> None:
-        key = self._key[block]
-        if key is None:
-            return
-        holders = self._by_key[key]
-        del holders[block]
-        if not holders:
-            del self._by_key[key]
-        self._key[block] = None
+    def _evict(self, blocks: list[int]) -> None:
+        """Drop the blocks' keys from the prefix cache."""
+        key_of, by_key = self._key, self._by_key
+        for block in blocks:
+            key = key_of[block]
+            if key is None:
+                continue
+            key_of[block] = None
+            holder = by_key[key]
+            if holder.__class__ is int:
+                del by_key[key]
+            else:
+                del holder[block]  # type: ignore[union-attr]
+                if len(holder) == 1:  # type: ignore[arg-type]
+                    by_key[key] = next(iter(holder))  # type: ignore[call-overload]
 
     def cache_full_blocks(self, request: SimRequest, num_tokens: int) -> None:
         """Register the request's full blocks up to ``num_tokens`` under their keys."""
         size = self.block_size
-        full = num_tokens // size
-        for position in range(request.num_cached_blocks, full):
-            block = request.blocks[position]
-            if self._key[block] is not None:
-                self._evict(block)
-            key = request.block_key(position, size)
-            self._key[block] = key
-            self._by_key.setdefault(key, {})[block] = None
-        if full > request.num_cached_blocks:
-            request.num_cached_blocks = full
+        start, full = request.num_cached_blocks, num_tokens // size
+        if full <= start:
+            return
+        key_of, by_key = self._key, self._by_key
+        blocks = request.blocks[start:full]
+        for block, key in zip(blocks, request.block_keys(start, full, size), strict=True):
+            if key_of[block] is not None:
+                self._evict([block])
+            key_of[block] = key
+            holder = by_key.get(key)
+            if holder is None:
+                by_key[key] = block
+            elif holder.__class__ is int:
+                by_key[key] = {holder: None, block: None}  # type: ignore[dict-item]
+            else:
+                holder[block] = None  # type: ignore[index]
+        request.num_cached_blocks = full

@@ -92,14 +92,22 @@ class SimRequest:
         """Prompt plus the output tokens generated so far (vLLM's ``num_tokens``)."""
         return self.prompt + self.num_output
 
-    def block_key(self, position: int, block_size: int) -> int:
-        """Prefix-cache identity of the request's KV block ``position``.
+    def block_keys(self, start: int, end: int, block_size: int) -> list[int]:
+        """Prefix-cache identities of the request's KV blocks ``start`` to ``end - 1``.
 
         A block made only of trace-described prompt tokens is keyed by the chain id of the
-        trace block holding its last token (which fixes every token before it); any other
-        block is private to this request (negative keys never meet a shared one).
+        trace block holding its last token (which fixes every token before it) and its
+        position; any other block is private to this request (negative keys never meet a
+        shared one).
         """
-        end = (position + 1) * block_size
-        if end <= self.shared_tokens:
-            return (self.chain[(end - 1) // self.trace_block_size] << _POSITION_BITS) | position
-        return -(((self.index + 1) << _POSITION_BITS) | position)
+        shared_end = min(end, self.shared_tokens // block_size)
+        keys: list[int] = []
+        if start < shared_end:
+            chain, size = self.chain, self.trace_block_size
+            keys = [
+                (chain[((position + 1) * block_size - 1) // size] << _POSITION_BITS) | position
+                for position in range(start, shared_end)
+            ]
+        private = -((self.index + 1) << _POSITION_BITS)
+        keys.extend(private - position for position in range(max(start, shared_end), end))
+        return keys
