@@ -138,10 +138,11 @@ def simulate(
         run = _decode_run(scheduler, profile, clock, arrival) if fast_forward else None
         if run is not None:
             starts, durations, ends = run
-            used = scheduler.apply_decode_run(len(ends), ends)
+            ids = [r.id for r in scheduler.running] if on_step is not None else []
+            used, finished = scheduler.apply_decode_run(len(ends), ends)
             peak_blocks = max(peak_blocks, used[-1])
             if on_step is not None:
-                _emit_run(on_step, scheduler, step_index, starts, durations, used)
+                _emit_run(on_step, scheduler, ids, finished, step_index, starts, durations, used)
             step_index += len(ends)
             clock = ends[-1]
             continue
@@ -240,14 +241,18 @@ def _decode_run(
 def _emit_run(
     on_step: Callable[[StepRecord], None],
     scheduler: Scheduler,
+    ids: list[str],
+    finished: list[SimRequest],
     first_index: int,
     starts: list[float],
     durations: list[float],
     used: list[int],
 ) -> None:
-    ids = [r.id for r in scheduler.running]
+    """The per-step records of a fast-forwarded run, as stepping would have produced them."""
     waiting = len(scheduler.waiting)
+    last = len(starts) - 1
     for offset, (start, duration, blocks) in enumerate(zip(starts, durations, used, strict=True)):
+        done = offset == last and finished
         on_step(
             StepRecord(
                 index=first_index + offset,
@@ -258,8 +263,8 @@ def _emit_run(
                 prefill_tokens=0,
                 decode_tokens=len(ids),
                 preempted=(),
-                finished=(),
-                running=len(ids),
+                finished=tuple(r.id for r in finished) if done else (),
+                running=len(ids) - len(finished) if done else len(ids),
                 waiting=waiting,
                 kv_blocks_used=blocks,
             )

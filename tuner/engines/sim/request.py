@@ -56,6 +56,7 @@ class SimRequest:
         "num_cached_blocks",
         "num_computed",
         "num_output",
+        "num_tokens",
         "preemptions",
         "prompt",
         "shared_tokens",
@@ -72,6 +73,8 @@ class SimRequest:
         self.max_tokens = request.output_tokens
         self.num_computed = 0
         self.num_output = 0
+        self.num_tokens = self.prompt
+        """Prompt plus the output tokens generated so far (vLLM's ``num_tokens``)."""
         self.status = Status.WAITING
         self.blocks: list[int] = []
         self.num_cached_blocks = 0
@@ -87,10 +90,10 @@ class SimRequest:
         # output tokens, are unique to this request).
         self.shared_tokens = min(self.prompt, len(self.chain) * self.trace_block_size)
 
-    @property
-    def num_tokens(self) -> int:
-        """Prompt plus the output tokens generated so far (vLLM's ``num_tokens``)."""
-        return self.prompt + self.num_output
+    def add_outputs(self, count: int) -> None:
+        """Record ``count`` more generated tokens."""
+        self.num_output += count
+        self.num_tokens += count
 
     def block_keys(self, start: int, end: int, block_size: int) -> list[int]:
         """Prefix-cache identities of the request's KV blocks ``start`` to ``end - 1``.
@@ -109,5 +112,5 @@ class SimRequest:
                 for position in range(start, shared_end)
             ]
         private = -((self.index + 1) << _POSITION_BITS)
-        keys.extend(private - position for position in range(max(start, shared_end), end))
+        keys.extend(range(private - max(start, shared_end), private - end, -1))
         return keys

@@ -160,8 +160,8 @@ class Scheduler:
         known without scheduling it. That holds while: every running request is decoding and
         they fit the budget; the waiting queue is empty, or its head cannot be admitted during
         the run (free KV blocks only shrink while nobody finishes, and its prefix hit can only
-        shrink); nobody finishes (the run stops before the first finishing step); and every
-        block allocation fits in the free blocks (the run stops before a preemption).
+        shrink); nobody finishes before the last step (the run ends with the first finishing
+        step); and every block allocation fits in the free blocks (it ends before a preemption).
         New arrivals are the caller's to bound.
         """
         config, kv, running = self.config, self.kv, self.running
@@ -172,7 +172,7 @@ class Scheduler:
         for request in running:
             if request.num_computed != request.num_tokens - 1 or not request.num_output:
                 return 0  # still prefilling (a last 1-token chunk is a prefill, not a decode)
-            steps = min(steps, request.max_tokens - request.num_output - 1)
+            steps = min(steps, request.max_tokens - request.num_output)
         if steps <= 0 or (self.waiting and not self._head_blocked(count)):
             return 0
         size = config.block_size
@@ -217,12 +217,16 @@ class Scheduler:
             has_scheduled_reqs=True,
         )
 
-    def apply_decode_run(self, steps: int, token_times: list[float]) -> list[int]:
+    def apply_decode_run(
+        self, steps: int, token_times: list[float]
+    ) -> tuple[list[int], list[SimRequest]]:
         """Apply ``steps`` plain decode steps (as :meth:`decode_run_limit` allowed) whose
-        tokens arrive at ``token_times``. Returns the KV blocks in use during each step."""
+        tokens arrive at ``token_times``. Returns the KV blocks in use during each step, and
+        the requests that finished in the last step (their blocks freed, as after any step)."""
         kv, size, running = self.kv, self.config.block_size, self.running
         used = [0] * steps
         start_used = kv.num_used_blocks
+        finished: list[SimRequest] = []
         for request in running:
             computed = request.num_computed
             first = len(request.blocks) * size - computed
@@ -232,15 +236,19 @@ class Scheduler:
                 for step in range(first, steps, size):
                     used[step] += 1
             request.num_computed = computed + steps
-            request.num_output += steps
+            request.add_outputs(steps)
             request.token_times.extend(token_times)
             if kv.enable_caching:
                 kv.cache_full_blocks(request, computed + steps)
+            if request.num_output >= request.max_tokens:
+                finished.append(request)
         total = start_used
         for step in range(steps):
             total += used[step]
             used[step] = total
-        return used
+        if finished:
+            self._retire(finished)
+        return used, finished
 
     def _preempt(self, request: SimRequest) -> None:
         """Recompute preemption: free everything, restart from the front of the queue."""
@@ -259,14 +267,18 @@ class Scheduler:
         for request, _ in plan.scheduled:
             if request.status is not Status.RUNNING or request.num_computed < request.num_tokens:
                 continue  # preempted later in the same step, or a partial prefill chunk
-            request.num_output += 1
+            request.add_outputs(1)
             request.token_times.append(end_s)
             if request.num_output >= request.max_tokens or request.num_tokens >= max_model_len:
-                request.status = Status.FINISHED
                 finished.append(request)
         if finished:
-            done = {id(request) for request in finished}
-            self.running = [r for r in self.running if id(r) not in done]
-            for request in finished:
-                self.kv.free(request)
+            self._retire(finished)
         return finished
+
+    def _retire(self, finished: list[SimRequest]) -> None:
+        """Remove finished requests from the running list and free their blocks, in order."""
+        done = {id(request) for request in finished}
+        self.running = [r for r in self.running if id(r) not in done]
+        for request in finished:
+            request.status = Status.FINISHED
+            self.kv.free(request)
