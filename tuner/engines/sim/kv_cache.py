@@ -65,11 +65,16 @@ class KVCache:
         size = self.block_size
         by_key = self._by_key
         hit: list[int] = []
-        for key in request.block_keys(0, (request.num_tokens - 1) // size, size):
-            holder = by_key.get(key)
-            if holder is None:
-                break
-            hit.append(holder if holder.__class__ is int else next(iter(holder)))  # type: ignore[arg-type]
+        end = (request.num_tokens - 1) // size
+        start, batch = 0, 8
+        while start < end:  # keys in growing batches: most walks stop at the first blocks
+            stop = min(end, start + batch)
+            for key in request.block_keys(start, stop, size):
+                holder = by_key.get(key)
+                if holder is None:
+                    return hit
+                hit.append(holder if holder.__class__ is int else next(iter(holder)))  # type: ignore[arg-type]
+            start, batch = stop, batch * 2
         return hit
 
     def can_allocate(
