@@ -7,6 +7,7 @@ import sys
 import typer
 
 from tuner import __version__
+from tuner.cli.run_cmd import export_command, pareto_command, run_command
 from tuner.cli.simulate_cmd import simulate_command
 from tuner.cli.trace_cmd import trace_app
 from tuner.errors import TunerError
@@ -19,6 +20,9 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(trace_app, name="trace")
+app.command("run")(run_command)
+app.command("pareto")(pareto_command)
+app.command("export")(export_command)
 app.command("simulate")(simulate_command)
 
 EXIT_BAD_INPUT = 2

@@ -1,0 +1,82 @@
+"""Judging a run against the SLOs: constraint values for Optuna, slacks, and objectives.
+
+Constraint values follow Optuna's convention: ≤ 0 means met. Each SLO's value is its relative
+excess, ``(measured − limit) / limit``; failures get their own constraint, ``errors``: the
+share of requests that failed minus the allowed error budget, so a run that loses requests
+never looks good unless the user allows it (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from objectives.metrics import RunMetrics
+from objectives.slo import Slo
+
+ERRORS = "errors"
+"""Name of the failed-requests constraint."""
+UNMEASURED = 1e3
+"""Constraint value for a statistic that could not be measured (no completed request)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """A statistic the study optimises."""
+
+    name: str
+    """``p99_ttft``, or ``rate_multiplier`` in capacity mode."""
+    direction: str
+    """``minimize`` or ``maximize``."""
+
+
+def latency_objectives(slos: Sequence[Slo]) -> tuple[Objective, ...]:
+    """p99 TTFT and p99 TPOT (the trade-off chunked prefill controls), then every other SLO'd
+    statistic, all minimised."""
+    names = ["p99_ttft", "p99_tpot"]
+    names += [slo.name for slo in slos if slo.name not in names]
+    return tuple(Objective(name, "minimize") for name in names)
+
+
+def statistic(metrics: RunMetrics, name: str) -> float:
+    """``p99_ttft`` → the run's p99 TTFT in seconds."""
+    stat, _, metric = name.partition("_")
+    return getattr(metrics, f"{metric}_s")[stat]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a run fared against the SLOs."""
+
+    constraints: dict[str, float]
+    """Name → Optuna constraint value (≤ 0 met), one per SLO plus ``errors``."""
+    slacks: dict[str, float]
+    """SLO name → relative headroom (0.2 = 20% under the limit; negative = violated)."""
+
+    @property
+    def feasible(self) -> bool:
+        return all(value <= 0 for value in self.constraints.values())
+
+    @property
+    def binding(self) -> str:
+        """The constraint closest to (or furthest past) its limit."""
+        return max(self.constraints, key=lambda name: self.constraints[name])
+
+    @property
+    def min_slack(self) -> float:
+        return min(self.slacks.values(), default=math.inf)
+
+
+def judge(metrics: RunMetrics, slos: Sequence[Slo], error_budget: float = 0.0) -> Verdict:
+    """Constraint values and slacks of one run."""
+    constraints: dict[str, float] = {}
+    slacks: dict[str, float] = {}
+    for slo in slos:
+        value = slo.value(metrics)
+        excess = UNMEASURED if math.isnan(value) else (value - slo.limit_s) / slo.limit_s
+        constraints[slo.name] = min(excess, UNMEASURED)
+        slacks[slo.name] = -constraints[slo.name]
+    failed_share = metrics.failed / metrics.requests if metrics.requests else 1.0
+    constraints[ERRORS] = failed_share - error_budget
+    return Verdict(constraints=constraints, slacks=slacks)

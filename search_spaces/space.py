@@ -1,0 +1,305 @@
+"""The search space of one study: which knobs, over which ranges, what is fixed, what was
+dropped and why; and the mapping between Optuna parameters and engine settings.
+
+Every point of the space is valid: the few rules vLLM enforces between knobs are applied as a
+repair after sampling (:func:`effective_settings`), so no trial is spent on a configuration
+vLLM would refuse, and Optuna's distributions stay static (dynamic ranges would drop the
+parameters from multivariate TPE's and GP's joint model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+
+from search_spaces.knobs import KNOBS, Knob
+from tuner.errors import TunerError
+
+THRESHOLD_SUFFIX = "_log2"
+"""Threshold knobs are searched as log2 exponents; the lowest exponent of the range means 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCapabilities:
+    """What an engine accepts and honours: it decides which knobs may be searched."""
+
+    engine: str
+    """``sim`` or ``vllm``."""
+    version: str
+    accepted_flags: frozenset[str] | None = None
+    """Flags the engine's own argument parser accepts; ``None`` when not probed (V1 set)."""
+    honours_v0_partial_prefill: bool = False
+    """Whether the engine enforces V0's partial-prefill limits."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    knob: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.knob}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class KnobRange:
+    """Where one knob is searched."""
+
+    knob: Knob
+    low: int = 0
+    high: int = 0
+    allow_off: bool = True
+    """Threshold knobs: whether 0 (off) is part of the range."""
+    choices: tuple[bool, ...] = (True, False)
+    """Boolean knobs: the values searched."""
+
+    def distribution(self) -> BaseDistribution:
+        if self.knob.kind == "bool":
+            return CategoricalDistribution(list(self.choices))
+        if self.knob.kind == "threshold":
+            low, high = _log2_floor(self.low), _log2_floor(self.high)
+            return IntDistribution(low - 1 if self.allow_off else low, high)
+        return IntDistribution(self.low, self.high, log=True)
+
+    @property
+    def param(self) -> str:
+        return self.knob.name + (THRESHOLD_SUFFIX if self.knob.kind == "threshold" else "")
+
+    def value(self, param: Any) -> Any:
+        """Engine setting for a parameter value."""
+        if self.knob.kind == "threshold":
+            exponent = int(param)
+            off = _log2_floor(self.low) - 1
+            return 0 if exponent <= off else 2**exponent
+        if self.knob.kind == "bool":
+            return bool(param)
+        return int(param)
+
+    def param_for(self, value: Any) -> Any:
+        """Parameter value for an engine setting (the baseline); may lie outside the range."""
+        if self.knob.kind == "threshold":
+            return _log2_floor(self.low) - 1 if not value else _log2_floor(int(value))
+        return value
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Searched knobs, fixed settings, and what was left out."""
+
+    ranges: dict[str, KnobRange]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    dropped: tuple[Dropped, ...] = ()
+
+    def distributions(self) -> dict[str, BaseDistribution]:
+        return {r.param: r.distribution() for r in self.ranges.values()}
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        """Sample the knobs (engine settings, before repair)."""
+        values: dict[str, Any] = {}
+        for name, knob_range in self.ranges.items():
+            distribution = knob_range.distribution()
+            if isinstance(distribution, CategoricalDistribution):
+                param = trial.suggest_categorical(knob_range.param, distribution.choices)
+            else:
+                assert isinstance(distribution, IntDistribution)
+                param = trial.suggest_int(
+                    knob_range.param, distribution.low, distribution.high, log=distribution.log
+                )
+            values[name] = knob_range.value(param)
+        return values
+
+    def settings_from_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            name: r.value(params[r.param]) for name, r in self.ranges.items() if r.param in params
+        }
+
+    def params_for(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Optuna parameters that reproduce these settings (to enqueue a known config)."""
+        return {r.param: r.param_for(settings[name]) for name, r in self.ranges.items()}
+
+    def describe(self) -> list[str]:
+        lines = []
+        for name, r in self.ranges.items():
+            if r.knob.kind == "bool":
+                lines.append(f"{name} in {{{', '.join(str(c).lower() for c in r.choices)}}}")
+            elif r.knob.kind == "threshold":
+                off = "0 (off) or " if r.allow_off else ""
+                lines.append(f"{name}: {off}powers of two {r.low}..{r.high}")
+            else:
+                lines.append(f"{name}: {r.low}..{r.high} (log scale)")
+        lines += [f"{name} = {value} (fixed)" for name, value in self.fixed.items()]
+        return lines
+
+
+def _log2_floor(value: int) -> int:
+    return max(1, value).bit_length() - 1
+
+
+def knob_availability(knob: Knob, capabilities: EngineCapabilities) -> str | None:
+    """``None`` when the engine honours and accepts the knob, else why it is dropped."""
+    if knob.v0_only and not capabilities.honours_v0_partial_prefill:
+        return (
+            "a V0-engine limit: never enforced by vLLM's V1 engine, removed from vLLM in 2026 "
+            f"(newer versions refuse the flag); the {capabilities.engine} engine runs V1"
+        )
+    flags = capabilities.accepted_flags
+    if flags is not None and knob.flag not in flags:
+        return f"{capabilities.engine} {capabilities.version} does not accept {knob.flag}"
+    return None
+
+
+def build_space(
+    capabilities: EngineCapabilities,
+    overrides: Mapping[str, str] | None = None,
+    fixed: Mapping[str, Any] | None = None,
+) -> SearchSpace:
+    """The default space for an engine, with the user's range overrides and fixed settings.
+
+    ``overrides``: knob → ``LOW..HIGH`` (numbers), ``true,false``/``true``/``false`` (booleans).
+    ``fixed``: knob or other engine setting → value; a fixed knob is not searched.
+    """
+    overrides = dict(overrides or {})
+    fixed = dict(fixed or {})
+    unknown = [name for name in overrides if name not in KNOBS]
+    if unknown:
+        raise TunerError(f"--space: unknown knob {unknown[0]!r}; knobs: {', '.join(KNOBS)}")
+    ranges: dict[str, KnobRange] = {}
+    dropped: list[Dropped] = []
+    for name, knob in KNOBS.items():
+        reason = knob_availability(knob, capabilities)
+        if reason is not None:
+            if name in overrides or name in fixed:
+                raise TunerError(f"{name}: cannot be tuned or set here: {reason}")
+            dropped.append(Dropped(name, reason))
+            continue
+        if name in fixed:
+            continue
+        ranges[name] = _range(knob, overrides.get(name))
+    return SearchSpace(ranges=ranges, fixed=fixed, dropped=tuple(dropped))
+
+
+def _range(knob: Knob, text: str | None) -> KnobRange:
+    if text is None:
+        return KnobRange(knob, knob.low, knob.high)
+    spec = text.strip().lower()
+    if knob.kind == "bool":
+        choices = tuple(_parse_bool(part, knob.name) for part in spec.split(","))
+        if not choices or len(set(choices)) != len(choices):
+            raise TunerError(f"--space {knob.name}={text}: expected true, false or true,false")
+        return KnobRange(knob, choices=choices)
+    low_text, sep, high_text = spec.partition("..")
+    try:
+        low, high = int(low_text), int(high_text if sep else low_text)
+    except ValueError:
+        raise TunerError(
+            f"--space {knob.name}={text}: expected LOW..HIGH, e.g. 256..16384"
+        ) from None
+    if knob.kind == "threshold":
+        allow_off = low == 0
+        low = max(low, 1) if allow_off else low
+        if not 1 <= low <= high:
+            raise TunerError(
+                f"--space {knob.name}={text}: expected 0..HIGH or LOW..HIGH with 1 ≤ LOW ≤ HIGH"
+            )
+        if allow_off and high == 0:
+            raise TunerError(f"--space {knob.name}={text}: use --set {knob.name}=0 to fix it off")
+        return KnobRange(knob, max(low, 2), high, allow_off=allow_off)
+    if not 1 <= low <= high:
+        raise TunerError(f"--space {knob.name}={text}: expected 1 ≤ LOW ≤ HIGH")
+    return KnobRange(knob, low, high)
+
+
+def _parse_bool(text: str, name: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "on", "yes", "1"):
+        return True
+    if value in ("false", "off", "no", "0"):
+        return False
+    raise TunerError(f"{name}: expected true or false, got {text!r}")
+
+
+def parse_assignments(items: list[str], option: str) -> dict[str, str]:
+    """``["a=1", "b=2..3"]`` → ``{"a": "1", "b": "2..3"}``, with one-line errors."""
+    result: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not name or not value.strip():
+            raise TunerError(f"{option} {item!r}: expected NAME=VALUE")
+        if name in result:
+            raise TunerError(f"{option}: {name} given twice")
+        result[name] = value.strip()
+    return result
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: a boolean, an integer, a number, or the text itself."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false", "on", "off", "yes", "no"):
+        return lowered in ("true", "on", "yes")
+    for kind in (int, float):
+        try:
+            return kind(lowered)
+        except ValueError:
+            continue
+    return text.strip()
+
+
+def load_space_file(path: str | Path) -> dict[str, str]:
+    """A YAML file of ``knob: LOW..HIGH`` (or ``[LOW, HIGH]``, booleans as a list)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise TunerError(
+            f"{path}: cannot read the space file: {str(exc).splitlines()[0]}"
+        ) from None
+    if not isinstance(data, dict):
+        raise TunerError(f"{path}: expected a mapping of knob: range")
+    result: dict[str, str] = {}
+    for name, value in data.items():
+        if isinstance(value, list):
+            value = (
+                ",".join(str(v).lower() for v in value)
+                if all(isinstance(v, bool) for v in value)
+                else "..".join(str(v) for v in value)
+            )
+        result[str(name)] = str(value).lower() if isinstance(value, bool) else str(value)
+    return result
+
+
+def effective_settings(
+    sampled: Mapping[str, Any], fixed: Mapping[str, Any], max_model_len: int
+) -> tuple[dict[str, Any], list[str]]:
+    """The settings a trial runs with, repaired to satisfy vLLM's rules between knobs.
+
+    vLLM requires ``max_num_batched_tokens ≥ max_num_seqs``, a budget of at least
+    ``max_model_len`` when chunked prefill is off, and ``long_prefill_token_threshold ≤
+    max_model_len``. Returns the settings and a note for every repair made.
+    """
+    settings = {**sampled, **fixed}
+    notes: list[str] = []
+    budget = settings.get("max_num_batched_tokens")
+    if (
+        settings.get("enable_chunked_prefill") is False
+        and budget is not None
+        and (budget < max_model_len)
+    ):
+        settings["max_num_batched_tokens"] = budget = max_model_len
+        notes.append(
+            f"chunked prefill off: max_num_batched_tokens raised to max_model_len {max_model_len}"
+        )
+    seqs = settings.get("max_num_seqs")
+    if budget is not None and seqs is not None and seqs > budget:
+        settings["max_num_seqs"] = budget
+        notes.append(f"max_num_seqs lowered to max_num_batched_tokens {budget}")
+    threshold = settings.get("long_prefill_token_threshold")
+    if threshold and threshold > max_model_len:
+        settings["long_prefill_token_threshold"] = max_model_len
+        notes.append(f"long_prefill_token_threshold lowered to max_model_len {max_model_len}")
+    return settings, notes

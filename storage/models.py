@@ -1,0 +1,88 @@
+"""What the tuner records beside Optuna's own tables, in the same database (SQLAlchemy 2).
+
+``tuner_studies``: one row per study: the trace it tunes for, the SLOs, the objective, the
+engine and model. ``tuner_engine_versions``: each engine build seen (``vllm --version``, or the
+simulator's version and profile). ``tuner_trials``: one row per finished trial: knob values,
+the settings it ran with, the serve command, the engine version, the fully resolved engine
+config, the trace identity, the metrics summary, SLO verdicts, status and failure reason.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class StudyRecord(Base):
+    __tablename__ = "tuner_studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    objective_mode: Mapped[str] = mapped_column(String(32))
+    """``latency`` or ``capacity``."""
+    slos: Mapped[list[str]] = mapped_column(JSON)
+    """The SLOs as given, e.g. ``["p99_tpot=50ms"]``."""
+    error_budget: Mapped[float] = mapped_column(Float)
+    engine: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(255))
+    trace_path: Mapped[str] = mapped_column(Text)
+    trace_sha256: Mapped[str] = mapped_column(String(64))
+    trace_format: Mapped[str] = mapped_column(String(32))
+    shaping: Mapped[dict[str, Any]] = mapped_column(JSON)
+    space: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """Searched ranges, fixed settings and dropped knobs (with reasons)."""
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    trials: Mapped[list[TrialRecord]] = relationship(back_populates="study")
+
+
+class EngineVersion(Base):
+    __tablename__ = "tuner_engine_versions"
+    __table_args__ = (UniqueConstraint("engine", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    engine: Mapped[str] = mapped_column(String(32))
+    version: Mapped[str] = mapped_column(String(255))
+    """``vllm --version`` for real engines; the simulator's version and profile for ``sim``."""
+
+
+class TrialRecord(Base):
+    __tablename__ = "tuner_trials"
+    __table_args__ = (UniqueConstraint("study_id", "trial_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id"))
+    trial_number: Mapped[int] = mapped_column(Integer)
+    """Optuna's trial number in the study."""
+    is_baseline: Mapped[bool] = mapped_column(default=False)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """Optuna's parameters, as sampled."""
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """Engine settings the trial ran with (after vLLM's validity rules were applied)."""
+    repairs: Mapped[list[str]] = mapped_column(JSON)
+    serve_command: Mapped[str] = mapped_column(Text)
+    engine_version_id: Mapped[int] = mapped_column(ForeignKey("tuner_engine_versions.id"))
+    resolved_config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """Every engine setting the run used, defaults included."""
+    trace_sha256: Mapped[str] = mapped_column(String(64))
+    shaping: Mapped[dict[str, Any]] = mapped_column(JSON)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    objectives: Mapped[dict[str, float]] = mapped_column(JSON)
+    constraints: Mapped[dict[str, float]] = mapped_column(JSON)
+    slacks: Mapped[dict[str, float]] = mapped_column(JSON)
+    feasible: Mapped[bool] = mapped_column()
+    status: Mapped[str] = mapped_column(String(16))
+    """``complete``, or ``failed`` (the engine failed; stored with its reason)."""
+    failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    wall_s: Mapped[float] = mapped_column(Float)
+
+    study: Mapped[StudyRecord] = relationship(back_populates="trials")
+    engine_version: Mapped[EngineVersion] = relationship()

@@ -1,0 +1,93 @@
+"""Reading and writing the tuner's records; one place for every query."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import create_engine, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, selectinload
+
+from storage.models import Base, EngineVersion, StudyRecord, TrialRecord
+from tuner.errors import TunerError
+
+
+def _json_safe(value: Any) -> Any:
+    """JSON columns cannot hold NaN or infinity (PostgreSQL refuses them): use null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(item) for item in value]
+    return value
+
+
+class TunerStore:
+    """The tuner's tables in the study database (created on first use)."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            self.engine: Engine = create_engine(url, future=True)
+            Base.metadata.create_all(self.engine)
+        except SQLAlchemyError as exc:
+            raise TunerError(
+                f"cannot open the storage {_redact(url)}: {str(exc).splitlines()[0]}"
+            ) from None
+
+    def session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    def get_study(self, name: str) -> StudyRecord | None:
+        with self.session() as session:
+            return session.scalar(select(StudyRecord).where(StudyRecord.name == name))
+
+    def study_names(self) -> list[str]:
+        with self.session() as session:
+            return list(session.scalars(select(StudyRecord.name).order_by(StudyRecord.id)))
+
+    def create_study(self, **fields: Any) -> StudyRecord:
+        record = StudyRecord(**_json_safe(fields), created_at=datetime.now(timezone.utc))
+        with self.session() as session, session.begin():
+            session.add(record)
+        return record
+
+    def add_trial(self, study: StudyRecord, engine: str, version: str, **fields: Any) -> None:
+        with self.session() as session, session.begin():
+            engine_version = session.scalar(
+                select(EngineVersion).where(
+                    EngineVersion.engine == engine, EngineVersion.version == version
+                )
+            )
+            if engine_version is None:
+                engine_version = EngineVersion(engine=engine, version=version)
+                session.add(engine_version)
+                session.flush()
+            session.add(
+                TrialRecord(
+                    study_id=study.id, engine_version_id=engine_version.id, **_json_safe(fields)
+                )
+            )
+
+    def trials(self, study: StudyRecord) -> Sequence[TrialRecord]:
+        with self.session() as session:
+            return session.scalars(
+                select(TrialRecord)
+                .where(TrialRecord.study_id == study.id)
+                .options(selectinload(TrialRecord.engine_version))
+                .order_by(TrialRecord.trial_number)
+            ).all()
+
+
+def _redact(url: str) -> str:
+    """A storage URL without its password, for messages."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    credentials, _, host = rest.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in credentials else url

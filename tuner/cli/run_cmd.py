@@ -1,0 +1,315 @@
+"""``tune run``, ``tune pareto``, ``tune export``: the tuning study and its results."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import optuna
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from objectives.slo import format_seconds, parse_slos
+from search_spaces.knobs import KNOBS
+from search_spaces.space import build_space, load_space_file, parse_assignments, parse_value
+from storage.store import TunerStore
+from tuner.cli.options import (
+    DequantizeOpt,
+    DurationOpt,
+    FormatOpt,
+    JitterSeedOpt,
+    MaxRequestsOpt,
+    RateScaleOpt,
+    SortOpt,
+    StartOpt,
+    output_console,
+    shape_options,
+)
+from tuner.cli.simulate_cmd import DEFAULT_PROFILE
+from tuner.engines.sim import load_profile
+from tuner.engines.sim.adapter import SimEngine
+from tuner.errors import TunerError
+from tuner.report import export, render_summary, summarize_study
+from tuner.study import StudyPlan, StudyProgress, TrialResult, open_study, run_study
+from tuner.trace import load_trace
+
+DEFAULT_STORAGE = "sqlite:///tune.db"
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+EXIT_INTERRUPTED = 130
+
+StorageOpt = Annotated[
+    str, typer.Option("--storage", help="Study database URL (SQLite file or PostgreSQL).")
+]
+StudyOpt = Annotated[
+    str | None, typer.Option("--study", help="Study name (default: TRACE-OBJECTIVE).")
+]
+
+
+def run_command(
+    trace_file: Annotated[Path, typer.Option("--trace", help="Trace file to replay.")],
+    slo: Annotated[
+        list[str], typer.Option("--slo", help="SLO like p99_tpot=50ms or p95_ttft=2s (repeatable).")
+    ],
+    objective: Annotated[
+        str,
+        typer.Option(
+            "--objective",
+            help="latency: minimise the SLO'd percentiles; capacity: maximise the "
+            "trace rate multiplier at which all SLOs hold.",
+        ),
+    ] = "latency",
+    trials: Annotated[int, typer.Option("--trials", min=1, help="Total trials of the study.")] = 30,
+    engine: Annotated[str, typer.Option("--engine", help="sim (simulator) or vllm.")] = "sim",
+    model: Annotated[
+        str, typer.Option("--model", help="Model named in serve lines.")
+    ] = DEFAULT_MODEL,
+    profile: Annotated[
+        str, typer.Option("--profile", help="Simulator step-time profile (name or file).")
+    ] = DEFAULT_PROFILE,
+    study_name: StudyOpt = None,
+    storage: StorageOpt = DEFAULT_STORAGE,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", min=0, help="Stop starting trials after this many seconds."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
+    sampler: Annotated[
+        str, typer.Option("--sampler", help="tpe (multivariate TPE) or random.")
+    ] = "tpe",
+    space: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--space", help="Knob range, e.g. max_num_batched_tokens=256..16384 (repeatable)."
+        ),
+    ] = None,
+    space_file: Annotated[
+        Path | None, typer.Option("--space-file", help="YAML file of knob ranges.")
+    ] = None,
+    set_values: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Fixed engine setting, e.g. max_model_len=32768 (repeatable)."),
+    ] = None,
+    error_budget: Annotated[
+        float,
+        typer.Option(
+            "--error-budget",
+            min=0,
+            max=1,
+            help="Share of requests allowed to fail without violating the SLOs.",
+        ),
+    ] = 0.0,
+    capacity_tolerance: Annotated[
+        float,
+        typer.Option(
+            "--capacity-tolerance", min=0.001, help="Capacity bisection precision (relative)."
+        ),
+    ] = 0.05,
+    format: FormatOpt = None,
+    sort: SortOpt = False,
+    start: StartOpt = 0.0,
+    duration: DurationOpt = None,
+    rate_scale: RateScaleOpt = 1.0,
+    max_requests: MaxRequestsOpt = None,
+    dequantize: DequantizeOpt = None,
+    jitter_seed: JitterSeedOpt = 0,
+) -> None:
+    """Tune the scheduler settings for a trace and SLOs; print the Pareto-optimal settings."""
+    slos = parse_slos(slo)
+    if objective not in ("latency", "capacity"):
+        raise TunerError(f"--objective: expected latency or capacity, got {objective!r}")
+    if sampler not in ("tpe", "random"):
+        raise TunerError(f"--sampler: expected tpe or random, got {sampler!r}")
+    if engine != "sim":
+        raise TunerError(
+            f"--engine {engine}: only the simulator (sim) is available in this "
+            "version; the real-vLLM engine is being built (issue 5)"
+        )
+    trial_engine = SimEngine(load_profile(profile))
+    fixed = {k: parse_value(v) for k, v in parse_assignments(set_values or [], "--set").items()}
+    overrides = load_space_file(space_file) if space_file else {}
+    overrides.update(parse_assignments(space or [], "--space"))
+    trial_engine.base_settings(fixed)  # unknown --set names fail here, before any work
+    search = build_space(trial_engine.capabilities, overrides, fixed)
+    max_model_len = trial_engine.max_model_len(fixed)
+    options = shape_options(
+        start, duration, rate_scale, max_model_len, "clip", max_requests, dequantize, jitter_seed
+    )
+    trace = load_trace(str(trace_file), format, sort=sort, options=options)
+    name = study_name or f"{trace_file.stem}-{objective}"
+    plan = StudyPlan(
+        name=name,
+        storage_url=storage,
+        trace=trace,
+        shaping=options,
+        slos=slos,
+        space=search,
+        model=model,
+        trials=trials,
+        objective_mode=objective,  # type: ignore[arg-type]
+        error_budget=error_budget,
+        timeout_s=timeout,
+        seed=seed,
+        sampler=sampler,  # type: ignore[arg-type]
+        capacity_tolerance=capacity_tolerance,
+    )
+    err = Console(stderr=True, highlight=False)
+    err.print(f"study {name} on {trace_file} ({len(trace):,} requests) with {trial_engine.version}")
+    for line in search.describe():
+        err.print(f"  search {line}")
+    for dropped in search.dropped:
+        err.print(f"  dropped {dropped}")
+    for note in trace.adjustments:
+        err.print(f"  trace: {note}")
+    _quiet_optuna()
+    store = TunerStore(storage)
+    opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
+    interrupted = False
+    with _ProgressDisplay(err, plan) as display:
+        try:
+            study = run_study(plan, trial_engine, store, display.progress, opened)
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        err.print("interrupted: every finished trial is kept; run the same command to resume")
+        study = optuna.load_study(study_name=name, storage=storage)
+    _print_results(store, study, name, model, search.ranges)
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _quiet_optuna() -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("optuna").setLevel(logging.ERROR)
+
+
+class _ProgressDisplay:
+    """A progress bar with the best feasible result so far."""
+
+    def __init__(self, console: Console, plan: StudyPlan) -> None:
+        self.plan = plan
+        self.bar = Progress(
+            TextColumn("[bold]trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=False,
+        )
+        self.task = self.bar.add_task("no feasible trial yet", total=None)
+        self.best: TrialResult | None = None
+        self.progress = StudyProgress(on_start=self._start, on_trial=self._trial)
+
+    def __enter__(self) -> _ProgressDisplay:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def _start(self, finished: int, remaining: int) -> None:
+        self.bar.update(self.task, total=finished + remaining, completed=finished)
+
+    def _trial(self, result: TrialResult) -> None:
+        objectives = self.plan.objectives
+        if result.verdict.feasible:
+            first = objectives[0]
+            better = self.best is None or (result.values[0] < self.best.values[0]) == (
+                first.direction == "minimize"
+            )
+            if better:
+                self.best = result
+        description = "no feasible trial yet"
+        if self.best is not None:
+            shown = ", ".join(
+                f"{o.name} {_value(o.name, v)}"
+                for o, v in zip(objectives, self.best.values, strict=True)
+            )
+            description = f"best feasible (trial {self.best.number}): {shown}"
+        self.bar.update(self.task, advance=1, description=description)
+
+
+def _value(name: str, value: float) -> str:
+    return f"{value:.3g}×" if name == "rate_multiplier" else format_seconds(value)
+
+
+def _load(storage: str, name: str | None) -> tuple[TunerStore, optuna.Study, str]:
+    store = TunerStore(storage)
+    names = store.study_names()
+    if name is None:
+        if len(names) != 1:
+            listing = ", ".join(names) if names else "none"
+            raise TunerError(f"--study: name the study (studies in {storage}: {listing})")
+        name = names[0]
+    if name not in names:
+        raise TunerError(
+            f"--study {name}: no such study in {storage} (studies: {', '.join(names) or 'none'})"
+        )
+    _quiet_optuna()
+    return store, optuna.load_study(study_name=name, storage=storage), name
+
+
+def _print_results(
+    store: TunerStore, study: optuna.Study, name: str, model: str, knobs: Any
+) -> None:
+    record = store.get_study(name)
+    assert record is not None
+    summary = summarize_study(study, record, store.trials(record))
+    output_console().print(render_summary(summary, list(knobs) or list(KNOBS)))
+
+
+def pareto_command(study_name: StudyOpt = None, storage: StorageOpt = DEFAULT_STORAGE) -> None:
+    """Print a stored study's Pareto-optimal settings and serve lines again."""
+    store, study, name = _load(storage, study_name)
+    record = store.get_study(name)
+    assert record is not None
+    trials = store.trials(record)
+    searched = [
+        knob
+        for knob in KNOBS
+        if any(knob in t.params or f"{knob}_log2" in t.params for t in trials)
+    ]
+    _print_results(store, study, name, record.model, searched)
+
+
+def export_command(
+    format: Annotated[str, typer.Option("--format", help="shell, yaml or json.")] = "shell",
+    study_name: StudyOpt = None,
+    storage: StorageOpt = DEFAULT_STORAGE,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
+    ] = None,
+) -> None:
+    """Export a study's recommended settings (and Pareto alternatives) for deployment."""
+    if format not in ("shell", "yaml", "json"):
+        raise TunerError(f"--format: expected shell, yaml or json, got {format!r}")
+    store, study, name = _load(storage, study_name)
+    record = store.get_study(name)
+    assert record is not None
+    summary = summarize_study(study, record, store.trials(record))
+    if summary.recommended is None:
+        raise TunerError(
+            f"study {name}: no trial met the SLOs, nothing to export "
+            "(tune pareto shows the closest trials)"
+        )
+    max_model_len = int(
+        summary.recommended.settings.get(
+            "max_model_len", _resolved_max_model_len(summary.recommended.resolved_config)
+        )
+    )
+    text = export(summary, record.model, format, max_model_len)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        from tuner.trace.native import atomic_write_lines
+
+        atomic_write_lines(output, [text])
+        Console(stderr=True).print(f"wrote {output}")
+
+
+def _resolved_max_model_len(config: dict[str, Any]) -> int:
+    value = config.get("max_model_len")
+    return int(value) if isinstance(value, int) else 1 << 30

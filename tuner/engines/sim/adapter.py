@@ -1,0 +1,68 @@
+"""The simulator as a trial engine for the study."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from search_spaces.knobs import KNOBS
+from search_spaces.space import EngineCapabilities
+from tuner.engines.base import EngineRun
+from tuner.engines.sim.config import SimConfig
+from tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile
+from tuner.engines.sim.engine import SIMULATOR_VERSION, simulate
+from tuner.errors import TunerError
+from tuner.trace.model import Trace
+
+
+class SimEngine:
+    """Runs trials on the simulated vLLM V1 scheduler with a step-time profile."""
+
+    name = "sim"
+
+    def __init__(self, profile: ConstantProfile | RooflineProfile) -> None:
+        self.profile = profile
+        self.version = f"{SIMULATOR_VERSION}; profile {profile.name}"
+        self.capabilities = EngineCapabilities(engine="sim", version=self.version)
+
+    def base_settings(self, fixed: dict[str, Any]) -> dict[str, Any]:
+        """The profile's hardware defaults under the user's fixed settings, checked."""
+        unknown = [name for name in fixed if name not in SimConfig.model_fields]
+        if unknown:
+            raise TunerError(
+                f"--set {unknown[0]}: not a setting of the simulated engine; settings: "
+                f"{', '.join(SimConfig.model_fields)}"
+            )
+        return {**self.profile.engine_defaults, **fixed}
+
+    def default_settings(self) -> dict[str, Any]:
+        defaults = SimConfig(**self.profile.engine_defaults).model_dump()
+        return {name: defaults[name] for name in KNOBS if name in defaults}
+
+    def max_model_len(self, fixed: dict[str, Any]) -> int:
+        values = self.base_settings(fixed)
+        return int(values.get("max_model_len", SimConfig.model_fields["max_model_len"].default))
+
+    def run(self, trace: Trace, settings: dict[str, Any]) -> EngineRun:
+        values = {**self.profile.engine_defaults, **settings}
+        try:
+            config = SimConfig(**values)
+        except ValidationError as exc:
+            message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+            return EngineRun(None, values, self.version, failure=f"config rejected: {message}")
+        result = simulate(trace, config, self.profile)
+        return EngineRun(
+            metrics=result.metrics,
+            resolved_config={**config.model_dump(), "profile": self.profile.model_dump()},
+            version=self.version,
+            failure=f"stalled: {result.stalled}" if result.stalled else None,
+            details={
+                "steps": result.steps,
+                "preemptions": result.preemptions,
+                "peak_kv_usage": result.peak_kv_usage,
+                "prefix_cache_hits": result.prefix_cache_hits,
+                "prefix_cache_queries": result.prefix_cache_queries,
+                "wall_s": result.wall_s,
+            },
+        )

@@ -1,0 +1,223 @@
+"""What a study found: the Pareto-optimal feasible settings, the recommended one and why, its
+gain over the engine's defaults, ready serve lines; or, when nothing met the SLOs, the closest
+trials and which SLO binds. Shared by ``tune run``, ``tune pareto`` and ``tune export``."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from objectives.scoring import ERRORS
+from objectives.slo import format_seconds
+from search_spaces.render import serve_yaml
+from search_spaces.space import effective_settings
+from storage.models import StudyRecord, TrialRecord
+
+RULE = (
+    "largest minimum relative slack to the SLOs (the setting furthest inside all of them; "
+    "ties go to the next smallest slack, then the earlier trial)"
+)
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    study: StudyRecord
+    objectives: list[str]
+    directions: list[str]
+    pareto: list[TrialRecord]
+    """Feasible, non-dominated trials (Optuna's ``best_trials``)."""
+    recommended: TrialRecord | None
+    baseline: TrialRecord | None
+    closest: list[TrialRecord]
+    """When nothing is feasible: the trials nearest to meeting the SLOs."""
+    finished: int
+
+
+def summarize_study(
+    study: optuna.Study, record: StudyRecord, trials: Sequence[TrialRecord]
+) -> StudySummary:
+    by_number = {trial.trial_number: trial for trial in trials}
+    pareto: list[TrialRecord] = []
+    seen: set[tuple[float, ...]] = set()
+    for frozen in sorted(study.best_trials, key=lambda t: t.number):
+        values = tuple(frozen.values)
+        if frozen.number in by_number and values not in seen:  # ties: keep the earliest
+            seen.add(values)
+            pareto.append(by_number[frozen.number])
+    pareto.sort(key=lambda trial: list(trial.objectives.values()))
+    recommended = max(pareto, key=_leximin_slack, default=None)
+    baseline = next((trial for trial in trials if trial.is_baseline), None)
+    closest: list[TrialRecord] = []
+    if not pareto:
+        closest = sorted(trials, key=lambda t: max(t.constraints.values()))[:3]
+    return StudySummary(
+        study=record,
+        objectives=[name for name in (trials[0].objectives if trials else {})],
+        directions=[d.name.lower() for d in study.directions],
+        pareto=pareto,
+        recommended=recommended,
+        baseline=baseline,
+        closest=closest,
+        finished=len(trials),
+    )
+
+
+def _leximin_slack(trial: TrialRecord) -> tuple[float, ...]:
+    """Smallest slack first, then the next: compared to the percent (finer is noise), with
+    the earlier trial winning a tie."""
+    slacks = sorted(round(value, 2) for value in trial.slacks.values() if value is not None)
+    return (*slacks, -trial.trial_number)
+
+
+def _fmt(name: str, value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if name == "rate_multiplier":
+        return f"{value:.3g}×"
+    return format_seconds(value)
+
+
+def _knob_text(trial: TrialRecord, knobs: Sequence[str]) -> list[str]:
+    return [str(trial.settings.get(knob, "")).lower() for knob in knobs]
+
+
+def render_summary(summary: StudySummary, knobs: Sequence[str]) -> Group:
+    """Tables and text for the terminal."""
+    parts: list[Any] = []
+    study = summary.study
+    parts.append(
+        Text(
+            f"study {study.name}: {summary.finished} trials; SLOs "
+            f"{', '.join(study.slos)}; objective {study.objective_mode}"
+        )
+    )
+    if summary.pareto:
+        parts.append(_pareto_table(summary, knobs))
+        recommended = summary.recommended
+        assert recommended is not None
+        parts.append(
+            Text(
+                f"\nrecommended: trial {recommended.trial_number}, chosen by the {RULE}",
+                style="bold",
+            )
+        )
+        if summary.baseline is not None:
+            parts.append(Text(_improvement(summary, recommended, summary.baseline)))
+        parts.append(Text("\nserve lines (recommended first):", style="bold"))
+        ordered = [recommended] + [t for t in summary.pareto if t is not recommended]
+        for trial in ordered:
+            parts.append(Text(trial.serve_command))
+    else:
+        parts.append(Text("\nNo trial met the SLOs.", style="bold red"))
+        for trial in summary.closest:
+            binding = max(trial.constraints, key=lambda name: trial.constraints[name])
+            detail = (
+                f"{trial.failure_reason}"
+                if binding == ERRORS and trial.failure_reason
+                else _binding_text(trial, binding)
+            )
+            parts.append(
+                Text(
+                    f"trial {trial.trial_number}: binding {binding}: {detail}; "
+                    f"{trial.serve_command}"
+                )
+            )
+    return Group(*parts)
+
+
+def _binding_text(trial: TrialRecord, name: str) -> str:
+    excess = trial.constraints[name]
+    if name == ERRORS:
+        failed = (trial.metrics or {}).get("failed")
+        return f"{failed} requests failed"
+    return f"{excess:+.0%} over the limit"
+
+
+def _pareto_table(summary: StudySummary, knobs: Sequence[str]) -> Table:
+    table = Table(title="Pareto-optimal settings that meet every SLO", title_justify="left")
+    table.add_column("trial", justify="right")
+    for knob in knobs:
+        table.add_column(knob.replace("_", " "), justify="right")
+    for name in summary.objectives:
+        table.add_column(name, justify="right")
+    table.add_column("output tok/s", justify="right")
+    slo_names = list(summary.pareto[0].slacks) if summary.pareto else []
+    for name in slo_names:
+        table.add_column(f"slack {name}", justify="right")
+    for trial in summary.pareto:
+        mark = " *" if trial is summary.recommended else ""
+        throughput = (trial.metrics or {}).get("output_throughput")
+        table.add_row(
+            f"{trial.trial_number}{mark}",
+            *_knob_text(trial, knobs),
+            *(_fmt(name, trial.objectives.get(name)) for name in summary.objectives),
+            "n/a" if throughput is None else f"{throughput:,.0f}",
+            *(f"{trial.slacks[name]:.0%}" for name in slo_names),
+        )
+    return table
+
+
+def _improvement(summary: StudySummary, best: TrialRecord, baseline: TrialRecord) -> str:
+    if best is baseline:
+        return "the engine's default settings (the baseline, trial 0) are already the best choice"
+    parts = []
+    for name, direction in zip(summary.objectives, summary.directions, strict=False):
+        new, old = best.objectives.get(name), baseline.objectives.get(name)
+        if new is None or old is None or not old:
+            continue
+        change = (new - old) / old
+        better = change < 0 if direction == "minimize" else change > 0
+        parts.append(
+            f"{name} {_fmt(name, old)} → {_fmt(name, new)} "
+            f"({'better' if better else 'worse'} by {abs(change):.0%})"
+        )
+    status = "meets" if baseline.feasible else "violates"
+    return (
+        f"against the engine defaults (trial {baseline.trial_number}, which {status} the "
+        f"SLOs): " + "; ".join(parts)
+    )
+
+
+def export(summary: StudySummary, model: str, fmt: str, max_model_len: int) -> str:
+    """The Pareto settings as a shell script, a ``vllm serve --config`` YAML (recommended), or
+    JSON (all of them, with their metrics)."""
+    if summary.recommended is None:
+        raise ValueError("no trial met the SLOs")
+    ordered = [summary.recommended] + [t for t in summary.pareto if t is not summary.recommended]
+    if fmt == "shell":
+        lines = [
+            "#!/bin/sh",
+            f"# study {summary.study.name}: recommended ({RULE})",
+            ordered[0].serve_command,
+        ]
+        for trial in ordered[1:]:
+            lines.append(f"# alternative on the Pareto front (trial {trial.trial_number}):")
+            lines.append("# " + trial.serve_command)
+        return "\n".join(lines) + "\n"
+    if fmt == "yaml":
+        settings, _ = effective_settings(ordered[0].settings, {}, max_model_len)
+        return serve_yaml(settings, model)
+    entries = [
+        {
+            "trial": trial.trial_number,
+            "recommended": trial is summary.recommended,
+            "settings": trial.settings,
+            "serve_command": trial.serve_command,
+            "objectives": trial.objectives,
+            "slacks": trial.slacks,
+            "engine_version": trial.engine_version.version,
+            "metrics": trial.metrics,
+        }
+        for trial in ordered
+    ]
+    return json.dumps(
+        {"study": summary.study.name, "rule": RULE, "pareto": entries}, indent=2, default=str
+    )

@@ -1,0 +1,366 @@
+"""The tuning study: Optuna proposes engine settings, the engine replays the trace, the run is
+judged against the SLOs, and every trial is recorded.
+
+Optuna 5 rules this module follows (DESIGN.md section 8): constraints are set inside the
+objective with ``trial.set_constraint`` and every complete trial sets the same keys; an engine
+failure is not left as FAIL (TPE would walk back into the failing region) but completed with
+violated constraints and pessimistic objective values (the worst seen so far); the sampler's
+seed is derived per resume so a resumed study does not re-propose what it already ran; the
+directions of a loaded study are checked, since Optuna does not.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+import optuna
+
+from objectives.scoring import ERRORS, UNMEASURED, Objective, Verdict, judge, latency_objectives
+from objectives.scoring import statistic as run_statistic
+from objectives.slo import Slo
+from search_spaces.render import serve_command
+from search_spaces.space import SearchSpace, effective_settings
+from storage.models import StudyRecord
+from storage.store import TunerStore
+from tuner.engines.base import EngineRun, TrialEngine
+from tuner.errors import TunerError
+from tuner.trace.model import Trace
+from tuner.trace.shaping import ShapeOptions, scale_rate
+
+RATE_MULTIPLIER = "rate_multiplier"
+PESSIMISTIC_SECONDS = 3600.0
+"""Objective value for a failed trial when no trial has succeeded yet."""
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """Everything a study run needs, as the user asked for it."""
+
+    name: str
+    storage_url: str
+    trace: Trace
+    """The trace, already shaped."""
+    shaping: ShapeOptions
+    slos: tuple[Slo, ...]
+    space: SearchSpace
+    model: str
+    trials: int
+    """Total finished trials the study should have (a resumed study runs the rest)."""
+    objective_mode: Literal["latency", "capacity"] = "latency"
+    error_budget: float = 0.0
+    timeout_s: float | None = None
+    seed: int = 0
+    sampler: Literal["tpe", "random"] = "tpe"
+    capacity_tolerance: float = 0.05
+    """Relative precision of the capacity bisection: stop when hi / lo − 1 ≤ this."""
+
+    @property
+    def objectives(self) -> tuple[Objective, ...]:
+        if self.objective_mode == "capacity":
+            return (Objective(RATE_MULTIPLIER, "maximize"),)
+        return latency_objectives(self.slos)
+
+
+@dataclass
+class TrialResult:
+    """One finished trial, as the progress display sees it."""
+
+    number: int
+    settings: dict[str, Any]
+    values: list[float]
+    verdict: Verdict
+    failure: str | None
+    is_baseline: bool
+
+
+@dataclass
+class StudyProgress:
+    """Callbacks for a display; all optional."""
+
+    on_start: Callable[[int, int], None] = lambda finished, remaining: None
+    on_trial: Callable[[TrialResult], None] = lambda result: None
+    notes: list[str] = field(default_factory=list)
+
+
+def make_sampler(kind: str, seed: int) -> optuna.samplers.BaseSampler:
+    """Multivariate TPE (fast, models knob interactions, handles constraints); or random."""
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(
+        multivariate=True, seed=seed, n_startup_trials=8, constraints_func=None
+    )
+
+
+def open_study(
+    plan: StudyPlan, store: TunerStore, engine: TrialEngine
+) -> tuple[optuna.Study, StudyRecord]:
+    """Create the study, or load it and check it is the same study (same trace, SLOs, goal)."""
+    slo_texts = [str(slo) for slo in plan.slos]
+    source = plan.trace.source
+    trace_sha = source.sha256 if source else ""
+    record = store.get_study(plan.name)
+    if record is None:
+        record = store.create_study(
+            name=plan.name,
+            objective_mode=plan.objective_mode,
+            slos=slo_texts,
+            error_budget=plan.error_budget,
+            engine=engine.name,
+            model=plan.model,
+            trace_path=source.path if source else "",
+            trace_sha256=trace_sha,
+            trace_format=source.format if source else "",
+            shaping=plan.shaping.model_dump(),
+            space={
+                "searched": plan.space.describe(),
+                "fixed": plan.space.fixed,
+                "dropped": [str(d) for d in plan.space.dropped],
+            },
+        )
+    else:
+        mismatches = [
+            what
+            for what, stored, given in (
+                ("trace", record.trace_sha256, trace_sha),
+                ("SLOs", sorted(record.slos), sorted(slo_texts)),
+                ("objective", record.objective_mode, plan.objective_mode),
+                ("engine", record.engine, engine.name),
+                ("shaping", record.shaping, plan.shaping.model_dump()),
+            )
+            if stored != given
+        ]
+        if mismatches:
+            raise TunerError(
+                f"study {plan.name!r} exists with a different {', '.join(mismatches)}: resume it "
+                "with the same options, or start another with --study NAME"
+            )
+    directions = [
+        optuna.study.StudyDirection.MINIMIZE
+        if o.direction == "minimize"
+        else optuna.study.StudyDirection.MAXIMIZE
+        for o in plan.objectives
+    ]
+    try:
+        study = optuna.create_study(
+            storage=plan.storage_url,
+            study_name=plan.name,
+            directions=directions,
+            load_if_exists=True,
+        )
+    except Exception as exc:  # Optuna wraps storage errors in many types
+        raise TunerError(
+            f"cannot open the Optuna study {plan.name!r}: {str(exc).splitlines()[0]}"
+        ) from None
+    if list(study.directions) != directions:
+        raise TunerError(f"study {plan.name!r} has other objectives; use another --study NAME")
+    return study, record
+
+
+def run_study(
+    plan: StudyPlan,
+    engine: TrialEngine,
+    store: TunerStore,
+    progress: StudyProgress | None = None,
+    opened: tuple[optuna.Study, StudyRecord] | None = None,
+) -> optuna.Study:
+    """Run the study to ``plan.trials`` finished trials (or the timeout). KeyboardInterrupt
+    propagates after the finished trials are stored. ``opened``: the result of
+    :func:`open_study`, when the caller already opened (and so checked) it."""
+    progress = progress or StudyProgress()
+    study, record = opened or open_study(plan, store, engine)
+    finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    study.sampler = make_sampler(plan.sampler, plan.seed + len(study.trials))
+    if not study.trials:
+        baseline = {
+            name: value
+            for name, value in engine.default_settings().items()
+            if name in plan.space.ranges
+        }
+        study.enqueue_trial(plan.space.params_for(baseline), user_attrs={"baseline": True})
+    remaining = max(plan.trials - len(finished), 0)
+    progress.on_start(len(finished), remaining)
+    if remaining == 0:
+        return study
+    objective = _Objective(plan, engine, store, record, progress, finished)
+    study.optimize(objective, n_trials=remaining, timeout=plan.timeout_s, catch=())
+    return study
+
+
+class _Objective:
+    """Optuna's objective: one trial = one engine run (or a capacity bisection)."""
+
+    def __init__(
+        self,
+        plan: StudyPlan,
+        engine: TrialEngine,
+        store: TunerStore,
+        record: StudyRecord,
+        progress: StudyProgress,
+        finished: list[optuna.trial.FrozenTrial],
+    ) -> None:
+        self.plan, self.engine, self.store, self.record = plan, engine, store, record
+        self.progress = progress
+        self.max_model_len = engine.max_model_len(dict(plan.space.fixed))
+        # Worst objective values seen, for pessimistic values of failed trials.
+        self.worst: list[float | None] = [None] * len(plan.objectives)
+        for trial in finished:
+            self._note_values(trial.values)
+
+    def __call__(self, trial: optuna.Trial) -> list[float]:
+        plan = self.plan
+        started_at, started = datetime.now(timezone.utc), time.perf_counter()
+        sampled = plan.space.suggest(trial)
+        settings, repairs = effective_settings(sampled, plan.space.fixed, self.max_model_len)
+        if plan.objective_mode == "capacity":
+            run, verdict, multiplier = capacity_search(
+                self.engine,
+                plan.trace,
+                settings,
+                plan.slos,
+                plan.error_budget,
+                plan.capacity_tolerance,
+            )
+            values = [multiplier]
+        else:
+            run = self.engine.run(plan.trace, settings)
+            verdict = _verdict(run, plan.slos, plan.error_budget)
+            values = [
+                run_statistic(run.metrics, o.name) if run.metrics else math.nan
+                for o in plan.objectives
+            ]
+        values = self._pessimistic(values, failed=bool(run.failure) or run.metrics is None)
+        self._note_values(values)
+        for name, value in verdict.constraints.items():
+            trial.set_constraint(name, value)
+        is_baseline = bool(trial.user_attrs.get("baseline"))
+        command = serve_command(plan.model, settings, self.engine.capabilities)
+        trial.set_user_attr("feasible", verdict.feasible)
+        trial.set_user_attr("settings", settings)
+        trial.set_user_attr("serve_command", command)
+        if run.failure:
+            trial.set_user_attr("failure", run.failure)
+        metrics = run.metrics.as_dict() if run.metrics else None
+        if metrics is not None:
+            metrics["details"] = run.details
+        self.store.add_trial(
+            self.record,
+            engine=self.engine.name,
+            version=run.version,
+            trial_number=trial.number,
+            is_baseline=is_baseline,
+            params=dict(trial.params),
+            settings=settings,
+            repairs=repairs,
+            serve_command=command,
+            resolved_config=run.resolved_config,
+            trace_sha256=self.record.trace_sha256,
+            shaping=plan.shaping.model_dump(),
+            metrics=metrics,
+            objectives=dict(zip([o.name for o in plan.objectives], values, strict=True)),
+            constraints=verdict.constraints,
+            slacks=verdict.slacks,
+            feasible=verdict.feasible,
+            status="failed" if run.failure else "complete",
+            failure_reason=run.failure,
+            started_at=started_at,
+            wall_s=time.perf_counter() - started,
+        )
+        self.progress.on_trial(
+            TrialResult(trial.number, settings, values, verdict, run.failure, is_baseline)
+        )
+        return values
+
+    def _note_values(self, values: list[float] | None) -> None:
+        if not values:
+            return
+        for index, (value, objective) in enumerate(zip(values, self.plan.objectives, strict=True)):
+            if math.isnan(value):
+                continue
+            current = self.worst[index]
+            worse = max if objective.direction == "minimize" else min
+            self.worst[index] = value if current is None else worse(current, value)
+
+    def _pessimistic(self, values: list[float], *, failed: bool) -> list[float]:
+        """Replace what was not measured, and everything of a failed run, by the worst value
+        seen so far (a failed run's partial metrics would otherwise look good)."""
+        result = []
+        for value, worst, objective in zip(values, self.worst, self.plan.objectives, strict=True):
+            if not failed and not math.isnan(value):
+                result.append(value)
+            elif worst is not None:
+                result.append(worst)
+            elif objective.direction == "maximize":
+                result.append(0.0)
+            else:
+                result.append(value if not math.isnan(value) else PESSIMISTIC_SECONDS)
+        return result
+
+
+def _verdict(run: EngineRun, slos: tuple[Slo, ...], error_budget: float) -> Verdict:
+    if run.metrics is None:
+        constraints = {slo.name: UNMEASURED for slo in slos}
+        constraints[ERRORS] = 1.0
+        return Verdict(constraints=constraints, slacks={slo.name: -UNMEASURED for slo in slos})
+    verdict = judge(run.metrics, slos, error_budget)
+    if run.failure and verdict.constraints[ERRORS] <= 0:
+        verdict.constraints[ERRORS] = 1.0  # a failed engine never passes
+    return verdict
+
+
+def capacity_search(
+    engine: TrialEngine,
+    trace: Trace,
+    settings: dict[str, Any],
+    slos: tuple[Slo, ...],
+    error_budget: float,
+    tolerance: float,
+    bounds: tuple[float, float] = (1 / 64, 64.0),
+) -> tuple[EngineRun, Verdict, float]:
+    """The highest rate multiplier of ``trace`` at which every SLO holds, by doubling or
+    halving from 1× to bracket it, then bisecting (geometrically) until ``hi / lo − 1 ≤
+    tolerance``. Returns the run and verdict at that multiplier; 0 when even the lowest bound
+    fails (then the run and verdict at the lowest bound)."""
+
+    def evaluate(multiplier: float) -> tuple[EngineRun, Verdict]:
+        run = engine.run(scale_rate(trace, multiplier), settings)
+        return run, _verdict(run, slos, error_budget)
+
+    low_bound, high_bound = bounds
+    multiplier = 1.0
+    run, verdict = evaluate(multiplier)
+    if verdict.feasible:
+        good, good_run, good_verdict = multiplier, run, verdict
+        bad = None
+        while good < high_bound:
+            candidate = min(good * 2, high_bound)
+            run, verdict = evaluate(candidate)
+            if not verdict.feasible:
+                bad = candidate
+                break
+            good, good_run, good_verdict = candidate, run, verdict
+        if bad is None:
+            return good_run, good_verdict, good
+    else:
+        bad = multiplier
+        while True:
+            candidate = bad / 2
+            if candidate < low_bound:
+                return run, verdict, 0.0
+            run, verdict = evaluate(candidate)
+            if verdict.feasible:
+                good, good_run, good_verdict = candidate, run, verdict
+                break
+            bad = candidate
+    while bad / good - 1 > tolerance:
+        middle = math.sqrt(good * bad)
+        run, verdict = evaluate(middle)
+        if verdict.feasible:
+            good, good_run, good_verdict = middle, run, verdict
+        else:
+            bad = middle
+    return good_run, good_verdict, good
