@@ -52,7 +52,18 @@ def serve_command(
 
 
 def serve_yaml(settings: Mapping[str, Any], model: str | None = None) -> str:
-    """A YAML file for ``vllm serve [MODEL] --config FILE``."""
+    """A YAML file for ``vllm serve [MODEL] --config FILE``.
+
+    A false boolean is written ``no-FLAG: true``: vLLM turns ``FLAG: false`` into ``--no-FLAG``
+    only when the top-level parser knows that option, which for ``vllm serve`` it does not, so
+    ``enable-chunked-prefill: false`` would be silently ignored (checked on vLLM 0.32).
+    """
     document: dict[str, Any] = {"model": model} if model else {}
-    document.update({flag_name(k): v for k, v in settings.items() if k not in NOT_FLAGS})
+    for setting, value in settings.items():
+        if setting in NOT_FLAGS:
+            continue
+        if value is False:
+            document["no-" + flag_name(setting)] = True
+        else:
+            document[flag_name(setting)] = value
     return yaml.safe_dump(document, sort_keys=False)

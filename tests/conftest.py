@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -74,3 +75,18 @@ def requests_strategy(draw: st.DrawFn, max_size: int = 30) -> tuple[Request, ...
             )
         )
     return tuple(requests)
+
+
+def vllm_python() -> Path:
+    """A Python with vLLM: ``$TUNER_VLLM_PYTHON`` or ``.venv-vllm`` (the README installs it).
+
+    Missing: the test is skipped with the reason, except in CI, where that is a failure.
+    """
+    configured = os.environ.get("TUNER_VLLM_PYTHON")
+    path = Path(configured) if configured else ROOT / ".venv-vllm" / "bin" / "python"
+    if not path.exists():
+        reason = f"no Python with vLLM at {path} (set TUNER_VLLM_PYTHON or run the README setup)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the vLLM tests: {reason}")
+        pytest.skip(reason)
+    return path

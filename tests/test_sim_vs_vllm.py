@@ -8,29 +8,15 @@ only outside CI; in CI a missing vLLM is a failure.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import vllm_python
 from tests.sim_scenarios import random_scenario
 from tuner.engines.sim import ConstantProfile, simulate
 from tuner.engines.sim.crosscheck import first_mismatch, run_reference, scenario, simulated_steps
 from tuner.trace.model import Request, Trace
 
 SCENARIOS = 300
-
-
-def vllm_python() -> Path:
-    configured = os.environ.get("TUNER_VLLM_PYTHON")
-    path = Path(configured) if configured else ROOT / ".venv-vllm" / "bin" / "python"
-    if not path.exists():
-        reason = f"no Python with vLLM at {path} (set TUNER_VLLM_PYTHON or run the README setup)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the vLLM equivalence test: {reason}")
-        pytest.skip(reason)
-    return path
 
 
 @pytest.fixture(scope="module")

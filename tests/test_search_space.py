@@ -1,0 +1,230 @@
+"""Search space: version awareness, overrides, validity by construction, rendering to flags
+that vLLM's own parser accepts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import optuna
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from search_spaces.knobs import KNOBS
+from search_spaces.render import serve_args, serve_command, serve_yaml
+from search_spaces.space import (
+    EngineCapabilities,
+    build_space,
+    effective_settings,
+    load_space_file,
+    parse_assignments,
+    parse_value,
+)
+from tests.conftest import vllm_python
+from tuner.engines.sim import SimConfig
+from tuner.engines.vllm_args import __file__ as VLLM_ARGS
+from tuner.errors import TunerError
+
+SIM = EngineCapabilities(engine="sim", version="test")
+
+
+def test_default_space_drops_v0_knobs_with_a_reason() -> None:
+    space = build_space(SIM)
+    assert set(space.ranges) == {
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "enable_chunked_prefill",
+        "long_prefill_token_threshold",
+        "scheduler_reserve_full_isl",
+    }
+    assert {d.knob for d in space.dropped} == {
+        "max_num_partial_prefills",
+        "max_long_partial_prefills",
+    }
+    assert all("V1" in d.reason for d in space.dropped)
+    v0 = build_space(EngineCapabilities("vllm", "0.6.0", honours_v0_partial_prefill=True))
+    assert "max_num_partial_prefills" in v0.ranges
+
+
+def test_flags_a_version_does_not_accept_are_never_searched_or_emitted() -> None:
+    old = EngineCapabilities(
+        "vllm",
+        "0.9.0",
+        accepted_flags=frozenset(
+            {
+                "--max-num-batched-tokens",
+                "--max-num-seqs",
+                "--enable-chunked-prefill",
+                "--no-enable-chunked-prefill",
+                "--long-prefill-token-threshold",
+            }
+        ),
+    )
+    space = build_space(old)
+    assert "scheduler_reserve_full_isl" not in space.ranges
+    assert any(
+        d.knob == "scheduler_reserve_full_isl" and "does not accept" in d.reason
+        for d in space.dropped
+    )
+    args = serve_args({"max_num_seqs": 8, "scheduler_reserve_full_isl": False}, old)
+    assert args == ["--max-num-seqs", "8"]
+    with pytest.raises(TunerError, match="cannot be tuned"):
+        build_space(old, {"scheduler_reserve_full_isl": "true,false"})
+
+
+def test_overrides_fixed_values_and_files(tmp_path: Path) -> None:
+    space = build_space(
+        SIM,
+        {
+            "max_num_batched_tokens": "512..4096",
+            "long_prefill_token_threshold": "256..1024",
+            "enable_chunked_prefill": "true",
+        },
+        {"max_num_seqs": 64, "max_model_len": 8192},
+    )
+    distributions = space.distributions()
+    assert (
+        distributions["max_num_batched_tokens"].low,
+        distributions["max_num_batched_tokens"].high,
+    ) == (512, 4096)
+    assert (
+        distributions["long_prefill_token_threshold_log2"].low,
+        distributions["long_prefill_token_threshold_log2"].high,
+    ) == (8, 10)  # no "off"
+    assert distributions["enable_chunked_prefill"].choices == (True,)
+    assert "max_num_seqs" not in space.ranges and space.fixed["max_num_seqs"] == 64
+    path = tmp_path / "space.yaml"
+    path.write_text(
+        "max_num_batched_tokens: 256..2048\nmax_num_seqs: [16, 128]\n"
+        "scheduler_reserve_full_isl: [true]\n"
+    )
+    assert load_space_file(path) == {
+        "max_num_batched_tokens": "256..2048",
+        "max_num_seqs": "16..128",
+        "scheduler_reserve_full_isl": "true",
+    }
+    for bad, words in [
+        ({"max_num_seqs": "64..8"}, "LOW"),
+        ({"max_num_seqs": "x"}, "LOW..HIGH"),
+        ({"warp_speed": "1..2"}, "unknown knob"),
+        ({"enable_chunked_prefill": "maybe"}, "true or false"),
+    ]:
+        with pytest.raises(TunerError, match=words):
+            build_space(SIM, bad)
+    assert parse_assignments(["max-model-len=4096"], "--set") == {"max_model_len": "4096"}
+    assert [parse_value(v) for v in ("4096", "0.1", "off", "x")] == [4096, 0.1, False, "x"]
+    with pytest.raises(TunerError, match="NAME=VALUE"):
+        parse_assignments(["oops"], "--set")
+
+
+@settings(max_examples=200)
+@given(st.integers(0, 2**31), st.sampled_from([2048, 8192, 32768, 131072]))
+def test_every_point_of_the_space_is_a_config_vllm_accepts(seed: int, max_model_len: int) -> None:
+    """Sample the default space at random: after the repair, vLLM's rules always hold."""
+    space = build_space(SIM)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    trial = study.ask()
+    sampled = space.suggest(trial)
+    settings_, _ = effective_settings(sampled, {}, max_model_len)
+    SimConfig(**settings_, max_model_len=max_model_len)  # raises if vLLM would refuse it
+    assert space.settings_from_params(trial.params) == sampled
+
+
+def test_threshold_parameter_maps_off_and_powers_of_two() -> None:
+    space = build_space(SIM)
+    knob = space.ranges["long_prefill_token_threshold"]
+    assert knob.value(5) == 0 and knob.value(6) == 64 and knob.value(13) == 8192
+    assert (
+        space.params_for(
+            {
+                "max_num_batched_tokens": 8192,
+                "max_num_seqs": 1024,
+                "enable_chunked_prefill": True,
+                "long_prefill_token_threshold": 0,
+                "scheduler_reserve_full_isl": True,
+            }
+        )["long_prefill_token_threshold_log2"]
+        == 5
+    )
+
+
+def test_repairs_are_reported() -> None:
+    settings_, notes = effective_settings(
+        {
+            "max_num_batched_tokens": 512,
+            "max_num_seqs": 1024,
+            "enable_chunked_prefill": False,
+            "long_prefill_token_threshold": 65536,
+        },
+        {},
+        32768,
+    )
+    assert settings_["max_num_batched_tokens"] == 32768
+    assert settings_["max_num_seqs"] == 1024
+    assert settings_["long_prefill_token_threshold"] == 32768
+    assert len(notes) == 2
+    settings_, notes = effective_settings(
+        {"max_num_batched_tokens": 256, "max_num_seqs": 512}, {}, 4096
+    )
+    assert settings_["max_num_seqs"] == 256 and "lowered" in notes[0]
+
+
+def test_serve_command_and_yaml() -> None:
+    config = {
+        "max_num_batched_tokens": 512,
+        "enable_chunked_prefill": False,
+        "scheduler_reserve_full_isl": True,
+        "num_gpu_blocks": 100,
+    }
+    assert serve_command("org/model", config) == (
+        "vllm serve org/model --max-num-batched-tokens 512 --no-enable-chunked-prefill "
+        "--scheduler-reserve-full-isl --num-gpu-blocks-override 100"
+    )
+    assert "no-enable-chunked-prefill: true" in serve_yaml(config)
+    assert set(KNOBS) >= {"max_num_seqs"}
+
+
+def _vllm_parse(*args: str) -> dict[str, object]:
+    completed = subprocess.run(
+        [str(vllm_python()), VLLM_ARGS, "parse", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_exports_parse_with_vllms_own_serve_parser(tmp_path: Path) -> None:
+    """The YAML and the flags mean to vLLM exactly what we meant (vLLM 0.32 ignores
+    ``enable-chunked-prefill: false`` in a config file, so we must not write that)."""
+    settings_ = {
+        "max_num_batched_tokens": 724,
+        "max_num_seqs": 11,
+        "enable_chunked_prefill": False,
+        "long_prefill_token_threshold": 256,
+        "scheduler_reserve_full_isl": False,
+        "max_model_len": 32768,
+    }
+    config = tmp_path / "serve.yaml"
+    config.write_text(serve_yaml(settings_, "org/model"))
+    from_yaml = _vllm_parse("--config", str(config))
+    from_flags = _vllm_parse("org/model", *serve_args(settings_))
+    for parsed in (from_yaml, from_flags):
+        assert {key: parsed[key] for key in settings_} == settings_
+    flags = json.loads(
+        subprocess.run(
+            [str(vllm_python()), VLLM_ARGS, "flags"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    assert "--max-num-partial-prefills" not in flags  # removed from vLLM, as DESIGN.md says
+    assert {knob.flag for knob in KNOBS.values() if not knob.v0_only} <= set(flags)
