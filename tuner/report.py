@@ -18,7 +18,6 @@ from rich.text import Text
 from objectives.scoring import ERRORS
 from objectives.slo import format_seconds
 from search_spaces.render import serve_yaml
-from search_spaces.space import effective_settings
 from storage.models import StudyRecord, TrialRecord
 
 RULE = (
@@ -186,7 +185,7 @@ def _improvement(summary: StudySummary, best: TrialRecord, baseline: TrialRecord
     )
 
 
-def export(summary: StudySummary, model: str, fmt: str, max_model_len: int) -> str:
+def export(summary: StudySummary, model: str, fmt: str) -> str:
     """The Pareto settings as a shell script, a ``vllm serve --config`` YAML (recommended), or
     JSON (all of them, with their metrics)."""
     if summary.recommended is None:
@@ -203,8 +202,7 @@ def export(summary: StudySummary, model: str, fmt: str, max_model_len: int) -> s
             lines.append("# " + trial.serve_command)
         return "\n".join(lines) + "\n"
     if fmt == "yaml":
-        settings, _ = effective_settings(ordered[0].settings, {}, max_model_len)
-        return serve_yaml(settings, model)
+        return serve_yaml(ordered[0].settings, model)  # stored settings are the repaired ones
     entries = [
         {
             "trial": trial.trial_number,

@@ -35,6 +35,7 @@ from tuner.errors import TunerError
 from tuner.report import export, render_summary, summarize_study
 from tuner.study import StudyPlan, StudyProgress, TrialResult, open_study, run_study
 from tuner.trace import load_trace
+from tuner.trace.native import atomic_write_lines
 
 DEFAULT_STORAGE = "sqlite:///tune.db"
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -295,21 +296,9 @@ def export_command(
             f"study {name}: no trial met the SLOs, nothing to export "
             "(tune pareto shows the closest trials)"
         )
-    max_model_len = int(
-        summary.recommended.settings.get(
-            "max_model_len", _resolved_max_model_len(summary.recommended.resolved_config)
-        )
-    )
-    text = export(summary, record.model, format, max_model_len)
+    text = export(summary, record.model, format)
     if output is None:
         sys.stdout.write(text)
     else:
-        from tuner.trace.native import atomic_write_lines
-
         atomic_write_lines(output, [text])
         Console(stderr=True).print(f"wrote {output}")
-
-
-def _resolved_max_model_len(config: dict[str, Any]) -> int:
-    value = config.get("max_model_len")
-    return int(value) if isinstance(value, int) else 1 << 30
