@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import IO, Annotated
 
@@ -28,6 +26,7 @@ from tuner.cli.options import (
 from tuner.engines.sim import SimConfig, SimResult, StepRecord, load_profile, simulate
 from tuner.engines.sim.cost_model import RooflineProfile
 from tuner.errors import TunerError
+from tuner.files import atomic_text
 from tuner.trace import Trace, load_trace
 
 DEFAULT_PROFILE = "llama-3.1-8b-h100"
@@ -147,7 +146,7 @@ def simulate_command(
     if steps_out is None:
         result = simulate(trace, config, engine_profile)
     else:
-        with _atomic_text(steps_out) as stream:
+        with atomic_text(steps_out) as stream:
             result = simulate(
                 trace, config, engine_profile, on_step=lambda step: _write_step(stream, step)
             )
@@ -184,28 +183,6 @@ def engine_config(
 
 def _write_step(stream: IO[str], step: StepRecord) -> None:
     stream.write(json.dumps(step.as_dict(), separators=(",", ":")) + "\n")
-
-
-class _atomic_text:
-    """A text file that appears at its path only when completely written."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self) -> IO[str]:
-        directory = self.path.parent
-        if not directory.is_dir():
-            raise TunerError(f"--steps-out: the folder {str(directory)!r} does not exist")
-        handle, self._temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=directory)
-        self._stream = os.fdopen(handle, "w", encoding="utf-8")
-        return self._stream
-
-    def __exit__(self, kind: object, error: object, traceback: object) -> None:
-        self._stream.close()
-        if kind is None:
-            os.replace(self._temp, self.path)
-        else:
-            Path(self._temp).unlink(missing_ok=True)
 
 
 def result_summary(trace: Trace, result: SimResult) -> dict[str, object]:

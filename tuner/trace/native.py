@@ -10,13 +10,11 @@ Mooncake fields (``vllm bench serve --dataset-name timed_trace``, GuideLLM) igno
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from tuner.errors import TraceError
+from tuner.files import atomic_text
 from tuner.trace.model import Request
 from tuner.trace.readers import MOONCAKE_BLOCK_SIZE
 
@@ -55,16 +53,6 @@ def write_native(requests: Iterable[Request], path: str | Path) -> None:
 
 
 def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:
-    """Write to a temporary file beside ``path`` and rename it into place."""
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise TraceError(f"the output folder {str(directory)!r} does not exist", path=target)
-    handle, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
-            stream.writelines(lines)
-        os.replace(temp_name, target)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+    """Write the lines to ``path`` atomically."""
+    with atomic_text(path) as stream:
+        stream.writelines(lines)
