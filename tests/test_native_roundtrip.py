@@ -58,7 +58,7 @@ def test_conversion_of_bundled_traces_is_exact(source: Path, tmp_path: Path) -> 
     )
 
 
-def test_mooncake_lines_stay_mooncake(tmp_path: Path) -> None:
+def test_mooncake_lines_stay_mooncake() -> None:
     """Tools that read only Mooncake's fields see the same values they would in the original."""
     first = next(native_lines(read_trace(MOONCAKE).requests))
     assert first.startswith(

@@ -59,7 +59,7 @@ def summarize_study(
         closest = sorted(trials, key=lambda t: max(t.constraints.values()))[:3]
     return StudySummary(
         study=record,
-        objectives=[name for name in (trials[0].objectives if trials else {})],
+        objectives=list(trials[0].objectives) if trials else [],
         directions=[d.name.lower() for d in study.directions],
         pareto=pareto,
         recommended=recommended,

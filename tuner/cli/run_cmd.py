@@ -176,7 +176,7 @@ def run_command(
     if interrupted:
         err.print("interrupted: every finished trial is kept; run the same command to resume")
         study = optuna.load_study(study_name=name, storage=storage)
-    _print_results(store, study, name, model, search.ranges)
+    _print_results(store, study, name, search.ranges)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
 
@@ -253,9 +253,7 @@ def _load(storage: str, name: str | None) -> tuple[TunerStore, optuna.Study, str
     return store, optuna.load_study(study_name=name, storage=storage), name
 
 
-def _print_results(
-    store: TunerStore, study: optuna.Study, name: str, model: str, knobs: Any
-) -> None:
+def _print_results(store: TunerStore, study: optuna.Study, name: str, knobs: Any) -> None:
     record = store.get_study(name)
     assert record is not None
     summary = summarize_study(study, record, store.trials(record))
@@ -273,7 +271,7 @@ def pareto_command(study_name: StudyOpt = None, storage: StorageOpt = DEFAULT_ST
         for knob in KNOBS
         if any(knob in t.params or f"{knob}_log2" in t.params for t in trials)
     ]
-    _print_results(store, study, name, record.model, searched)
+    _print_results(store, study, name, searched)
 
 
 def export_command(
