@@ -25,6 +25,7 @@ import argparse
 import itertools
 import json
 import math
+import pickle
 import statistics
 import tempfile
 import time
@@ -71,19 +72,29 @@ SETTINGS: dict[str, tuple[Path, ShapeOptions, dict[str, list[str]]]] = {
 
 
 class CachedEngine(SimEngine):
-    """The simulator, remembering runs: the same settings on the same trace are not rerun."""
+    """The simulator, remembering runs: the same settings on the same trace are not rerun
+    (also across invocations, with ``--cache FILE``)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, cache_file: Path | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.cache_file = cache_file
         self.cache: dict[tuple[Any, ...], EngineRun] = {}
+        if cache_file is not None and cache_file.exists():
+            self.cache = pickle.loads(cache_file.read_bytes())
         self.runs = 0
 
     def run(self, trace: Trace, settings: dict[str, Any]) -> EngineRun:
-        key = (id(trace), tuple(sorted(settings.items())))
+        source = trace.source
+        identity = (source.sha256 if source else "", len(trace), trace.adjustments)
+        key = (identity, tuple(sorted(settings.items())))
         if key not in self.cache:
             self.cache[key] = super().run(trace, settings)
             self.runs += 1
         return self.cache[key]
+
+    def save(self) -> None:
+        if self.cache_file is not None:
+            self.cache_file.write_bytes(pickle.dumps(self.cache))
 
 
 def hypervolume(points: list[tuple[float, float]]) -> float:
@@ -93,7 +104,7 @@ def hypervolume(points: list[tuple[float, float]]) -> float:
         if not front or y < front[-1][1]:
             front.append((x, y))
     area = 0.0
-    for (x, y), (next_x, _) in zip(front, [*front[1:], (1.0, 0.0)], strict=True):
+    for (x, y), (next_x, _) in zip(front, [*front[1:], (1.0, 0.0)], strict=False):
         area += (next_x - x) * (1.0 - y)
     return area
 
@@ -195,17 +206,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--budget", type=int, default=40)
     parser.add_argument("--json", type=Path, help="Also write the raw results here.")
+    parser.add_argument("--cache", type=Path, help="Keep simulation results in this file.")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     profile = load_profile("llama-3.1-8b-h100")
     results: dict[str, Any] = {}
     for trace_name, (path, shaping, slo_sets) in SETTINGS.items():
         trace = load_trace(str(path), options=shaping)
-        engine = CachedEngine(profile)
+        engine = CachedEngine(profile, cache_file=args.cache)
         started = time.perf_counter()
         grid = grid_settings()
         grid_runs = [engine.run(trace, settings) for settings in grid]
         grid_seconds = time.perf_counter() - started
+        engine.save()
         defaults = engine.default_settings()
         for slo_name, slo_texts in slo_sets.items():
             slos = parse_slos(slo_texts)
@@ -253,6 +266,7 @@ def main() -> None:
                 print(f"  {method:<16}{needed:>15}  " + "".join(f"{v:>8.1%}" for v in at.values()))
                 summary["methods"][method] = {"trials_to_98": hits, "median_quality": at}
             results[key] = summary
+        engine.save()
         print(f"  ({engine.runs} distinct simulations for {trace_name})")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

