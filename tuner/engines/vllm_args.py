@@ -61,8 +61,10 @@ def is_secret(name: str) -> bool:
     """``hf_token``, ``api_key``, ``*_password``...: never printed (``max_num_batched_tokens``
     and ``long_prefill_token_threshold`` are not secrets)."""
     lowered = name.lower()
-    return lowered == "token" or lowered.endswith("_token") or any(
-        word in lowered for word in SECRET_WORDS
+    return (
+        lowered == "token"
+        or lowered.endswith("_token")
+        or any(word in lowered for word in SECRET_WORDS)
     )
 
 
@@ -106,8 +108,13 @@ def resolve(root: argparse.ArgumentParser, arguments: list[str]) -> dict[str, ob
     )
     return {
         name: _plain_fields(getattr(config, name))
-        for name in ("scheduler_config", "cache_config", "model_config", "parallel_config",
-                     "load_config")
+        for name in (
+            "scheduler_config",
+            "cache_config",
+            "model_config",
+            "parallel_config",
+            "load_config",
+        )
         if getattr(config, name, None) is not None
     } | {"vllm": version()}
 

@@ -1,0 +1,246 @@
+"""Starting and stopping a vLLM server for one trial, leaving nothing behind.
+
+The server runs in its own process group (not its own session: started with ``setsid`` the
+replay client was starved for seconds at a time on small machines, DESIGN.md section 4), on a
+free localhost port, with its output in a log file per trial. It is stopped with SIGTERM to
+that group, then SIGKILL if it lingers. If the tuner itself dies without cleaning up (SIGKILL,
+a crash of the interpreter), the kernel sends the server SIGTERM (``PR_SET_PDEATHSIG``), and the
+server stops its own children. Processes are only ever addressed by our own PID or group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from tuner.errors import TunerError
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|CREDENTIAL)", re.IGNORECASE)
+
+
+class ServerStartError(TunerError):
+    """The server did not become healthy; ``reason`` is classified from its log."""
+
+    def __init__(self, reason: str, log_path: Path) -> None:
+        self.reason = reason
+        self.log_path = log_path
+        super().__init__(f"vLLM did not start: {reason} (log: {log_path})")
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How to start one server."""
+
+    model: str
+    args: Sequence[str] = ()
+    """``vllm serve`` flags after the model (the trial's settings and any extra ones)."""
+    log_path: Path = Path("vllm-server.log")
+    python: str | None = None
+    """Run ``PYTHON -m vllm.entrypoints.openai.api_server`` (vLLM in its own environment)."""
+    serve_command: Sequence[str] = ()
+    """Or this command instead of ``vllm serve`` (e.g. ``["vllm", "serve"]`` or a wrapper)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for the server (``VLLM_CPU_KVCACHE_SPACE``, ``CUDA_VISIBLE_DEVICES``)."""
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = 600.0
+
+    def command(self, port: int) -> list[str]:
+        if self.serve_command:
+            base = [*self.serve_command, self.model]
+        elif self.python:
+            base = [self.python, "-m", API_SERVER_MODULE, "--model", self.model]
+        else:
+            base = ["vllm", "serve", self.model]
+        return [*base, *self.args, "--host", self.host, "--port", str(port)]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the tuner dies (Linux only)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class VllmServer:
+    """A running vLLM server; a context manager that always stops it."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.spec.host}:{self.port}"
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.port = free_port(self.spec.host)
+        self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
+        log = self.spec.log_path.open("wb")
+        try:
+            self.process = subprocess.Popen(
+                self.spec.command(self.port),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                process_group=0,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            raise ServerStartError(
+                f"cannot run {self.spec.command(self.port)[0]}: {exc.strerror or exc}",
+                self.spec.log_path,
+            ) from None
+        finally:
+            log.close()
+
+    def wait_healthy(self) -> None:
+        """Poll ``/health`` until it answers 200; fail early if the server exits."""
+        assert self.process is not None
+        deadline = time.monotonic() + self.spec.startup_timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise ServerStartError(
+                        classify_failure(self.spec.log_path, code), self.spec.log_path
+                    )
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerStartError(
+                        f"not healthy after {self.spec.startup_timeout_s:.0f} s",
+                        self.spec.log_path,
+                    )
+                # Poll every half second, returning at once if the server exits.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=0.5)
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to the server's process group, then SIGKILL if any of it is left after
+        ``grace_s``."""
+        process = self.process
+        if process is None:
+            return
+        group = process.pid  # process_group=0: the group id is the server's pid
+        if not _signal_and_wait(process, group, signal.SIGTERM, grace_s):
+            _signal_and_wait(process, group, signal.SIGKILL, 10.0)
+        self.process = None
+
+
+def group_members(group: int) -> list[int]:
+    """Live (not zombie) processes of a process group, from /proc (Linux)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if fields[0] != "Z" and int(fields[2]) == group:
+            members.append(int(entry.name))
+    return members
+
+
+def _signal_and_wait(
+    process: subprocess.Popen[bytes], group: int, sig: signal.Signals, timeout_s: float
+) -> bool:
+    """Signal the group; True once none of it is alive (within ``timeout_s``)."""
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        process.poll()
+        return True
+    deadline = time.monotonic() + timeout_s
+    while True:
+        process.poll()  # reap the leader, so it does not linger as a zombie
+        if not group_members(group):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=0.1)
+
+
+_FAILURES = (
+    (re.compile(r"unrecognized arguments?: (.+)"), "vLLM rejected a flag: {0}"),
+    (re.compile(r"error: argument ([^:]+): (.+)"), "vLLM rejected {0}: {1}"),
+    (re.compile(r"(?i)(out of memory|OutOfMemoryError|Cannot allocate memory)"), "out of memory"),
+    (
+        re.compile(r"(?i)(max_model_len|max seq len).*(larger than|KV cache|too (?:large|small))"),
+        "the KV cache is too small for max_model_len",
+    ),
+    (
+        re.compile(r"(?i)(No available memory for the cache blocks|insufficient.*KV cache)"),
+        "no memory left for the KV cache",
+    ),
+    (re.compile(r"(?i)Value error, (.+?)(?: \[type=|$)"), "configuration rejected: {0}"),
+    (re.compile(r"(?i)address already in use"), "the port was taken"),
+)
+
+
+def classify_failure(log_path: Path, exit_code: int | None = None) -> str:
+    """A one-line reason from a failed server's log (the last matching known pattern)."""
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in reversed(lines[-400:]):
+        for pattern, template in _FAILURES:
+            match = pattern.search(line)
+            if match:
+                return template.format(*(g.strip() for g in match.groups()))
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
+    code = f"exited with code {exit_code}: " if exit_code is not None else ""
+    return f"{code}{last[:300]}"
+
+
+def redacted_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment as it may be stored or logged: secrets' values hidden."""
+    return {key: "***" if SECRET_ENV.search(key) else value for key, value in env.items()}
