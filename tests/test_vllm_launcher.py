@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import vllm_python
-from tuner.engines.vllm.launcher import (
+from tuner.engines.real.launcher import (
     ServerSpec,
     ServerStartError,
     VllmServer,
@@ -112,7 +112,7 @@ def _child(spec: ServerSpec) -> subprocess.Popen[str]:
     code = (
         "import sys, time, json\n"
         "from pathlib import Path\n"
-        "from tuner.engines.vllm.launcher import ServerSpec, VllmServer\n"
+        "from tuner.engines.real.launcher import ServerSpec, VllmServer\n"
         f"spec = ServerSpec(model={spec.model!r}, args={list(spec.args)!r}, "
         f"log_path=Path({str(spec.log_path)!r}), python={spec.python!r}, "
         f"env={dict(spec.env)!r}, startup_timeout_s=300)\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -31,6 +32,7 @@ from tuner.cli.options import (
 from tuner.cli.simulate_cmd import DEFAULT_PROFILE
 from tuner.engines.sim import load_profile
 from tuner.engines.sim.adapter import SimEngine
+from tuner.engines.real.engine import VllmEngine
 from tuner.errors import TunerError
 from tuner.report import export, render_summary, summarize_study
 from tuner.study import StudyPlan, StudyProgress, TrialResult, open_study, run_study
@@ -108,6 +110,48 @@ def run_command(
             "--capacity-tolerance", min=0.001, help="Capacity bisection precision (relative)."
         ),
     ] = 0.05,
+    vllm_python: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm-python",
+            help="--engine vllm: the Python that has vLLM (its own venv).",
+            rich_help_panel="Real engine",
+        ),
+    ] = None,
+    serve_cmd: Annotated[
+        str | None,
+        typer.Option(
+            "--serve-cmd",
+            help="--engine vllm: command instead of 'python -m "
+            "vllm.entrypoints.openai.api_server --model', e.g. 'vllm serve'.",
+            rich_help_panel="Real engine",
+        ),
+    ] = None,
+    server_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--server-arg",
+            help="--engine vllm: extra server arguments, e.g. "
+            "'--kv-cache-memory-bytes 268435456' (repeatable).",
+            rich_help_panel="Real engine",
+        ),
+    ] = None,
+    server_env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--server-env",
+            help="--engine vllm: KEY=VALUE for the server's environment (repeatable).",
+            rich_help_panel="Real engine",
+        ),
+    ] = None,
+    log_dir: Annotated[
+        Path,
+        typer.Option(
+            "--log-dir",
+            help="--engine vllm: where each trial's server log goes.",
+            rich_help_panel="Real engine",
+        ),
+    ] = Path("tune-logs"),
     format: FormatOpt = None,
     sort: SortOpt = False,
     start: StartOpt = 0.0,
@@ -123,16 +167,24 @@ def run_command(
         raise TunerError(f"--objective: expected latency or capacity, got {objective!r}")
     if sampler not in ("tpe", "random"):
         raise TunerError(f"--sampler: expected tpe or random, got {sampler!r}")
-    if engine != "sim":
-        raise TunerError(
-            f"--engine {engine}: only the simulator (sim) is available in this "
-            "version; the real-vLLM engine is being built (issue 5)"
+    trial_engine: SimEngine | VllmEngine
+    if engine == "sim":
+        trial_engine = SimEngine(load_profile(profile))
+    elif engine == "vllm":
+        trial_engine = VllmEngine(
+            model,
+            python=vllm_python,
+            serve_command=shlex.split(serve_cmd or ""),
+            server_args=[arg for text in server_arg or [] for arg in shlex.split(text)],
+            env=parse_assignments(server_env or [], "--server-env"),
+            log_dir=log_dir,
         )
-    trial_engine = SimEngine(load_profile(profile))
+    else:
+        raise TunerError(f"--engine: expected sim or vllm, got {engine!r}")
     fixed = {k: parse_value(v) for k, v in parse_assignments(set_values or [], "--set").items()}
     overrides = load_space_file(space_file) if space_file else {}
     overrides.update(parse_assignments(space or [], "--space"))
-    trial_engine.base_settings(fixed)  # unknown --set names fail here, before any work
+    trial_engine.validate_fixed(fixed)  # unknown --set names fail here, before any work
     search = build_space(trial_engine.capabilities, overrides, fixed)
     max_model_len = trial_engine.max_model_len(fixed)
     options = shape_options(

@@ -31,6 +31,10 @@ class TrialEngine(Protocol):
     capabilities: EngineCapabilities
     name: str
 
+    def validate_fixed(self, fixed: dict[str, Any]) -> None:
+        """Raise :class:`TunerError` for a ``--set`` the engine cannot take."""
+        ...
+
     def default_settings(self) -> dict[str, Any]:
         """The knob values the engine uses when none are given (the study's baseline)."""
         ...

@@ -36,6 +36,9 @@ class SimEngine:
             )
         return {**self.profile.engine_defaults, **fixed}
 
+    def validate_fixed(self, fixed: dict[str, Any]) -> None:
+        self.base_settings(fixed)
+
     def default_settings(self) -> dict[str, Any]:
         defaults = SimConfig(**self.profile.engine_defaults).model_dump()
         return {name: defaults[name] for name in KNOBS if name in defaults}
