@@ -30,9 +30,9 @@ from tuner.cli.options import (
     shape_options,
 )
 from tuner.cli.simulate_cmd import DEFAULT_PROFILE
+from tuner.engines.real.engine import VllmEngine
 from tuner.engines.sim import load_profile
 from tuner.engines.sim.adapter import SimEngine
-from tuner.engines.real.engine import VllmEngine
 from tuner.errors import TunerError
 from tuner.report import export, render_summary, summarize_study
 from tuner.study import StudyPlan, StudyProgress, TrialResult, open_study, run_study
