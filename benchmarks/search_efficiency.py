@@ -175,6 +175,7 @@ def study_runs(
     sampler: str,
     seed: int,
     budget: int,
+    startup: int = 8,
 ) -> list[EngineRun]:
     """Run ``tune run``'s study; return the engine runs in trial order."""
     space = build_space(engine.capabilities, fixed={"max_model_len": MAX_MODEL_LEN})
@@ -190,8 +191,9 @@ def study_runs(
             model="m",
             trials=budget,
             seed=seed,
-            sampler=sampler,
-        )  # type: ignore[arg-type]
+            sampler=sampler,  # type: ignore[arg-type]
+            startup_trials=startup,
+        )
         study = run_study(plan, engine, TunerStore(storage))
         trials = sorted(study.trials, key=lambda t: t.number)
         return [engine.run(trace, t.user_attrs["settings"]) for t in trials]
@@ -207,6 +209,12 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=40)
     parser.add_argument("--json", type=Path, help="Also write the raw results here.")
     parser.add_argument("--cache", type=Path, help="Keep simulation results in this file.")
+    parser.add_argument(
+        "--tpe-startup",
+        type=int,
+        default=8,
+        help="Random trials before TPE models (the tuner's default: 8).",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     profile = load_profile("llama-3.1-8b-h100")
@@ -226,7 +234,9 @@ def main() -> None:
             curves: dict[str, list[list[float]]] = {"tuner": [], "random": []}
             for seed in range(args.seeds):
                 for method, sampler in (("tuner", "tpe"), ("random", "random")):
-                    runs = study_runs(engine, trace, shaping, slos, sampler, seed, args.budget)
+                    runs = study_runs(
+                        engine, trace, shaping, slos, sampler, seed, args.budget, args.tpe_startup
+                    )
                     curves[method].append(quality_curve(runs, slos))
             grid_curve = []
             for budget in range(1, args.budget + 1):

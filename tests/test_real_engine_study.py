@@ -37,21 +37,53 @@ def workspace(tmp_path: Path, tune, monkeypatch) -> Path:
     model = tmp_path / "tiny-llama"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(TINY_LLAMA))
-    code, _, err = tune("trace", "synth", str(tmp_path / "short.jsonl"), "--mix",
-                        "decode=3,1000x16=1", "--rate", "2", "--duration", "8", "--seed", "3")
+    code, _, err = tune(
+        "trace",
+        "synth",
+        str(tmp_path / "short.jsonl"),
+        "--mix",
+        "decode=3,1000x16=1",
+        "--rate",
+        "2",
+        "--duration",
+        "8",
+        "--seed",
+        "3",
+    )
     assert code == 0, err
     return tmp_path
 
 
 def vllm_run(tune, workspace: Path, trials: int, *extra: str) -> tuple[int, str, str]:
     return tune(
-        "run", "--engine", "vllm", "--model", str(workspace / "tiny-llama"),
-        "--vllm-python", str(vllm_python()), "--server-arg", SERVER_ARGS, *extra,
-        "--server-env", "HF_HUB_OFFLINE=1", "--set", "max_model_len=2048",
-        "--trace", str(workspace / "short.jsonl"), "--trials", str(trials),
-        "--slo", "p99_tpot=2s", "--slo", "p99_ttft=10s",
-        "--storage", f"sqlite:///{workspace / 'tune.db'}", "--study", "real",
-        "--log-dir", str(workspace / "logs"),
+        "run",
+        "--engine",
+        "vllm",
+        "--model",
+        str(workspace / "tiny-llama"),
+        "--vllm-python",
+        str(vllm_python()),
+        "--server-arg",
+        SERVER_ARGS,
+        *extra,
+        "--server-env",
+        "HF_HUB_OFFLINE=1",
+        "--set",
+        "max_model_len=2048",
+        "--trace",
+        str(workspace / "short.jsonl"),
+        "--trials",
+        str(trials),
+        "--slo",
+        "p99_tpot=2s",
+        "--slo",
+        "p99_ttft=10s",
+        "--storage",
+        f"sqlite:///{workspace / 'tune.db'}",
+        "--study",
+        "real",
+        "--log-dir",
+        str(workspace / "logs"),
     )
 
 
@@ -63,8 +95,10 @@ def test_three_real_trials(tune, workspace: Path) -> None:
     record = store.get_study("real")
     trials = store.trials(record)
     assert len(trials) == 3 and record.engine == "vllm"
-    expected_tokens = sum(json.loads(line)["output_length"]
-                          for line in (workspace / "short.jsonl").read_text().splitlines())
+    expected_tokens = sum(
+        json.loads(line)["output_length"]
+        for line in (workspace / "short.jsonl").read_text().splitlines()
+    )
     for trial in trials:
         assert trial.status == "complete", trial.failure_reason
         assert trial.engine_version.version.startswith("vllm 0.32.0")
@@ -78,8 +112,9 @@ def test_three_real_trials(tune, workspace: Path) -> None:
         assert metrics["ttft_s"]["p50"] > 0 and metrics["tpot_s"]["p50"] > 0
         assert Path(metrics["details"]["log"]).exists()
     assert trials[0].is_baseline and trials[0].settings["max_num_batched_tokens"] == 2048
-    code, out, _ = tune("export", "--format", "shell", "--storage",
-                        f"sqlite:///{workspace / 'tune.db'}")
+    code, out, _ = tune(
+        "export", "--format", "shell", "--storage", f"sqlite:///{workspace / 'tune.db'}"
+    )
     assert code == 0 and f"vllm serve {workspace / 'tiny-llama'}" in out
     assert processes_using(workspace / "tiny-llama") == []
 
@@ -88,8 +123,9 @@ def test_a_failing_trial_is_stored_with_its_reason_and_the_study_goes_on(
     tune, workspace: Path
 ) -> None:
     # Two KV blocks cannot hold a 2,048-token context: vLLM refuses to start.
-    code, out, err = vllm_run(tune, workspace, 2, "--server-arg", KV_BYTES,
-                              "--set", "num_gpu_blocks=2")
+    code, out, err = vllm_run(
+        tune, workspace, 2, "--server-arg", KV_BYTES, "--set", "num_gpu_blocks=2"
+    )
     assert code == 0, err
     assert "No trial met the SLOs" in out
     store = TunerStore(f"sqlite:///{workspace / 'tune.db'}")

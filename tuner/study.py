@@ -56,6 +56,8 @@ class StudyPlan:
     timeout_s: float | None = None
     seed: int = 0
     sampler: Literal["tpe", "random"] = "tpe"
+    startup_trials: int = 8
+    """Trials TPE samples at random before it models the results (the baseline included)."""
     capacity_tolerance: float = 0.05
     """Relative precision of the capacity bisection: stop when hi / lo − 1 ≤ this."""
 
@@ -87,13 +89,11 @@ class StudyProgress:
     notes: list[str] = field(default_factory=list)
 
 
-def make_sampler(kind: str, seed: int) -> optuna.samplers.BaseSampler:
+def make_sampler(kind: str, seed: int, startup_trials: int = 8) -> optuna.samplers.BaseSampler:
     """Multivariate TPE (fast, models knob interactions, handles constraints); or random."""
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(
-        multivariate=True, seed=seed, n_startup_trials=8, constraints_func=None
-    )
+    return optuna.samplers.TPESampler(multivariate=True, seed=seed, n_startup_trials=startup_trials)
 
 
 def open_study(
@@ -174,7 +174,7 @@ def run_study(
     progress = progress or StudyProgress()
     study, record = opened or open_study(plan, store, engine)
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    study.sampler = make_sampler(plan.sampler, plan.seed + len(study.trials))
+    study.sampler = make_sampler(plan.sampler, plan.seed + len(study.trials), plan.startup_trials)
     if not study.trials:
         baseline = {
             name: value
