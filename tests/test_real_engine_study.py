@@ -110,7 +110,18 @@ def test_three_real_trials(tune, workspace: Path) -> None:
         metrics = trial.metrics
         assert metrics["failed"] == 0 and metrics["output_tokens"] == expected_tokens
         assert metrics["ttft_s"]["p50"] > 0 and metrics["tpot_s"]["p50"] > 0
-        assert Path(metrics["details"]["log"]).exists()
+        details = metrics["details"]
+        assert Path(details["log"]).exists()
+        # The server's own account: its per-step log and /metrics.
+        steps = details["server_steps"]
+        assert steps["steps"] > 0 and Path(steps["trace"]).exists()
+        assert steps["decode_tokens"] + metrics["completed"] == expected_tokens
+        assert steps["max_tokens_in_a_step"] <= trial.settings["max_num_batched_tokens"]
+        server = details["server_metrics"]
+        assert server["scrapes"] >= 2 and server["num_preemptions"] == 0
+        assert int(server["cache_config"]["num_gpu_blocks"]) > 0
+        assert server["peak_num_requests_running"] >= 1  # seen mid-replay (decodes take seconds)
+        assert 0 <= server["peak_kv_cache_usage_perc"] <= 1
     assert trials[0].is_baseline and trials[0].settings["max_num_batched_tokens"] == 2048
     code, out, _ = tune(
         "export", "--format", "shell", "--storage", f"sqlite:///{workspace / 'tune.db'}"

@@ -24,11 +24,14 @@ from search_spaces.render import flag_name, serve_args
 from search_spaces.space import EngineCapabilities
 from tuner.engines.base import EngineRun
 from tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
-from tuner.engines.real.replay import ReplayOptions, replay
+from tuner.engines.real.replay import ReplayOptions, ReplayResult, replay
+from tuner.engines.real.signals import MetricsWatch, parse_iteration_log, step_summary
 from tuner.errors import TunerError
+from tuner.files import atomic_text
 from tuner.trace.model import Trace
 
 VLLM_ARGS = Path(__file__).resolve().parent.parent / "vllm_args.py"
+ITERATION_FLAG = "--enable-logging-iteration-details"
 DEFAULT_TOKEN_HIGH = 32000
 """Prompt token ids stay below this when the model's vocabulary size is unknown."""
 
@@ -122,6 +125,8 @@ class VllmEngine:
     def run(self, trace: Trace, settings: dict[str, Any]) -> EngineRun:
         self.trials += 1
         args = [*self.server_args, *serve_args(settings, self.capabilities)]
+        if ITERATION_FLAG in (self.capabilities.accepted_flags or ()):
+            args.append(ITERATION_FLAG)  # the per-step trace, parsed from the server's log
         try:
             resolved = ask_vllm(self.python, "resolve", self.model, *args)
         except VllmQueryError as exc:
@@ -144,7 +149,7 @@ class VllmEngine:
             with VllmServer(spec) as server:
                 served = httpx.get(f"{server.base_url}/version", timeout=10).json()
                 options = ReplayOptions(model=self.model, token_high=self.token_high)
-                result = asyncio.run(replay(server.base_url, trace, options))
+                result, watch = asyncio.run(_watched_replay(server.base_url, trace, options))
         except ServerStartError as exc:
             return EngineRun(
                 None,
@@ -155,6 +160,10 @@ class VllmEngine:
             )
         metrics = summarize_run(result.records)
         lateness = result.lateness_s
+        steps = parse_iteration_log(spec.log_path)
+        steps_path = spec.log_path.with_suffix(".steps.jsonl")
+        with atomic_text(steps_path) as stream:
+            stream.writelines(json.dumps(step) + "\n" for step in steps)
         return EngineRun(
             metrics=metrics,
             resolved_config={**resolved, "served_version": served.get("version")},
@@ -166,8 +175,28 @@ class VllmEngine:
                 "client_lateness_max_s": float(lateness.max()),
                 "client_bound": result.client_bound,
                 "replay_wall_s": result.wall_s,
+                "server_metrics": watch.summary(),
+                "server_steps": {**step_summary(steps), "trace": str(steps_path)},
             },
         )
+
+
+async def _watched_replay(
+    base_url: str, trace: Trace, options: ReplayOptions
+) -> tuple[ReplayResult, MetricsWatch]:
+    """The replay, with ``/metrics`` scraped before, every second during, and after it."""
+    watch = MetricsWatch(base_url)
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        watch.before = await watch.scrape(client)
+        stop = asyncio.Event()
+        poller = asyncio.create_task(watch.run(stop))
+        try:
+            result = await replay(base_url, trace, options)
+        finally:
+            stop.set()
+            await poller
+        watch.after = await watch.scrape(client)
+    return result, watch
 
 
 def _vocab_size(model: str) -> int | None:

@@ -1,0 +1,129 @@
+"""What the server itself says about a replay: ``/metrics`` (Prometheus) before, during and
+after, and the per-step lines of ``--enable-logging-iteration-details``.
+
+The step lines become the same per-step records the simulator writes (``step``,
+``duration_s``, ``prefill_tokens``, ``decode_tokens``, plus request counts and KV use), so the
+two engines' timelines can be compared and the simulator's cost model fitted from them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+ITERATION_RE = re.compile(
+    r"Iteration\((?P<step>\d+)\): (?P<ctx_reqs>\d+) context requests, (?P<ctx_tokens>\d+) "
+    r"context tokens, (?P<gen_reqs>\d+) generation requests, (?P<gen_tokens>\d+) generation "
+    r"tokens, iteration elapsed time: (?P<ms>[0-9.]+) ms(?:, \w+ KV cache usage: "
+    r"(?P<kv>[0-9.]+)%)?"
+)
+GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+COUNTERS = ("num_preemptions", "prefix_cache_queries", "prefix_cache_hits")
+
+
+def parse_iteration_log(path: Path) -> list[dict[str, Any]]:
+    """The server's per-step lines as step records (empty when the log has none)."""
+    steps = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    for match in ITERATION_RE.finditer(text):
+        steps.append(
+            {
+                "step": int(match["step"]),
+                "duration_s": float(match["ms"]) / 1000.0,
+                "prefill_tokens": int(match["ctx_tokens"]),
+                "decode_tokens": int(match["gen_tokens"]),
+                "prefill_requests": int(match["ctx_reqs"]),
+                "decode_requests": int(match["gen_reqs"]),
+                "kv_usage": float(match["kv"]) / 100.0 if match["kv"] else None,
+            }
+        )
+    return steps
+
+
+def step_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts and step-time percentiles of a step trace."""
+    if not steps:
+        return {"steps": 0}
+    durations = np.array([s["duration_s"] for s in steps])
+    return {
+        "steps": len(steps),
+        "step_s_p50": float(np.percentile(durations, 50)),
+        "step_s_p99": float(np.percentile(durations, 99)),
+        "step_s_max": float(durations.max()),
+        "prefill_tokens": int(sum(s["prefill_tokens"] for s in steps)),
+        "decode_tokens": int(sum(s["decode_tokens"] for s in steps)),
+        "max_tokens_in_a_step": int(max(s["prefill_tokens"] + s["decode_tokens"] for s in steps)),
+    }
+
+
+def parse_metrics(text: str) -> dict[str, Any]:
+    """The vLLM gauges and counters we track, summed over engines, plus the cache config."""
+    values: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        name = family.name.removeprefix("vllm:")
+        if name in GAUGES or name in COUNTERS:
+            values[name] = sum(
+                sample.value for sample in family.samples if not sample.name.endswith("_created")
+            )
+        elif name == "cache_config_info" and family.samples:
+            labels = family.samples[0].labels
+            values["cache_config"] = {
+                k: labels[k]
+                for k in ("num_gpu_blocks", "block_size", "kv_cache_memory_bytes")
+                if k in labels
+            }
+    return values
+
+
+@dataclass
+class MetricsWatch:
+    """Scrapes ``/metrics`` before, every ``interval_s`` during, and after a replay."""
+
+    base_url: str
+    interval_s: float = 1.0
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+    peaks: dict[str, float] = field(default_factory=dict)
+    scrapes: int = 0
+
+    async def scrape(self, client: httpx.AsyncClient) -> dict[str, Any]:
+        response = await client.get(f"{self.base_url}/metrics")
+        values = parse_metrics(response.text)
+        self.scrapes += 1
+        for name in GAUGES:
+            if name in values:
+                self.peaks[name] = max(self.peaks.get(name, 0.0), float(values[name]))
+        return values
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until ``stop`` is set (the replay's end)."""
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while not stop.is_set():
+                with contextlib.suppress(httpx.HTTPError):  # a missed scrape is not a failure
+                    await self.scrape(client)
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+                except asyncio.TimeoutError:
+                    continue
+
+    def summary(self) -> dict[str, Any]:
+        """What changed during the replay, and the peaks seen."""
+        result: dict[str, Any] = {"scrapes": self.scrapes}
+        for name in COUNTERS:
+            if name in self.before and name in self.after:
+                result[name] = self.after[name] - self.before[name]
+        result.update({f"peak_{name}": value for name, value in self.peaks.items()})
+        if "cache_config" in self.after:
+            result["cache_config"] = self.after["cache_config"]
+        return result
