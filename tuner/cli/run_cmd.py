@@ -122,8 +122,8 @@ def run_command(
         str | None,
         typer.Option(
             "--serve-cmd",
-            help="--engine vllm: command instead of 'python -m "
-            "vllm.entrypoints.openai.api_server --model', e.g. 'vllm serve'.",
+            help="--engine vllm: the command the model name follows (default: 'vllm serve' "
+            "if that works, else 'PYTHON -m vllm.entrypoints.openai.api_server --model').",
             rich_help_panel="Real engine",
         ),
     ] = None,

