@@ -23,8 +23,8 @@ from search_spaces.space import (
     parse_value,
 )
 from tests.conftest import vllm_python
+from tuner.engines.real.engine import VLLM_ARGS
 from tuner.engines.sim import SimConfig
-from tuner.engines.vllm_args import __file__ as VLLM_ARGS
 from tuner.errors import TunerError
 
 SIM = EngineCapabilities(engine="sim", version="test")

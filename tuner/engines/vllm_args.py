@@ -20,8 +20,6 @@ import json
 import os
 import sys
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-
 
 def serve_parser() -> argparse.ArgumentParser:
     """The parser ``vllm serve`` uses, built the way vLLM's CLI builds it."""
@@ -120,6 +118,9 @@ def resolve(root: argparse.ArgumentParser, arguments: list[str]) -> dict[str, ob
 
 
 def main() -> None:
+    # Quiet vLLM in this helper process only (never at import: an importer's environment,
+    # and so every server it starts, would inherit it).
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     command, *rest = sys.argv[1:] or ["flags"]
     if command == "version":
         print(json.dumps(version()))

@@ -32,6 +32,9 @@ from tuner.trace.model import Trace
 
 VLLM_ARGS = Path(__file__).resolve().parent.parent / "vllm_args.py"
 ITERATION_FLAG = "--enable-logging-iteration-details"
+SERVER_ENV = {"VLLM_LOGGING_LEVEL": "INFO"}
+"""The per-step trace is logged at INFO: a quieter inherited level would lose it (a
+``--server-env VLLM_LOGGING_LEVEL=...`` still wins)."""
 DEFAULT_TOKEN_HIGH = 32000
 """Prompt token ids stay below this when the model's vocabulary size is unknown."""
 
@@ -144,7 +147,7 @@ class VllmEngine:
             args=args,
             python=self.python,
             serve_command=self.serve_command,
-            env=self.env,
+            env={**SERVER_ENV, **self.env},
             log_path=self.log_dir / f"trial-{self.trials:04d}.log",
             startup_timeout_s=self.startup_timeout_s,
         )
