@@ -26,6 +26,7 @@ from tuner.engines.base import EngineRun
 from tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
 from tuner.engines.real.replay import ReplayOptions, ReplayResult, replay
 from tuner.engines.real.signals import MetricsWatch, parse_iteration_log, step_summary
+from tuner.engines.vllm_python import run_vllm_script
 from tuner.errors import TunerError
 from tuner.files import atomic_text
 from tuner.trace.model import Trace
@@ -45,16 +46,7 @@ class VllmQueryError(TunerError):
 
 def ask_vllm(python: str, *args: str, timeout_s: float = 600) -> Any:
     """Run ``vllm_args.py`` in vLLM's Python and return its JSON answer."""
-    try:
-        completed = subprocess.run(
-            [python, str(VLLM_ARGS), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise TunerError(f"cannot run vLLM's Python {python}: {exc}") from None
+    completed = run_vllm_script(python, VLLM_ARGS, args, timeout_s=timeout_s)
     lines = [line for line in completed.stdout.splitlines() if line.strip()]
     if completed.returncode != 0 or not lines:
         errors = [line for line in completed.stderr.splitlines() if line.strip()]

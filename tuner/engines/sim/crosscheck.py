@@ -8,13 +8,13 @@ compares every step's tokens per request, preemptions and finishes.
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.engines.sim.config import SimConfig
 from tuner.engines.sim.cost_model import ConstantProfile
 from tuner.engines.sim.engine import StepRecord, simulate
+from tuner.engines.vllm_python import run_vllm_script
 from tuner.errors import TunerError
 from tuner.trace.model import Trace
 from tuner.trace.tokens import prompt_token_ids
@@ -66,17 +66,12 @@ def run_reference(
     vllm_python: str | Path, scenarios: list[dict[str, object]], timeout_s: float = 900
 ) -> list[dict[str, object]]:
     """Run the scenarios through vLLM's scheduler in ``vllm_python``."""
-    try:
-        completed = subprocess.run(
-            [str(vllm_python), str(REFERENCE_SCRIPT)],
-            input=json.dumps({"scenarios": scenarios}),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise TunerError(f"cannot run vLLM's scheduler with {vllm_python}: {exc}") from None
+    completed = run_vllm_script(
+        vllm_python,
+        REFERENCE_SCRIPT,
+        stdin=json.dumps({"scenarios": scenarios}),
+        timeout_s=timeout_s,
+    )
     if completed.returncode != 0:
         tail = completed.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise TunerError(f"vLLM's scheduler driver failed (exit {completed.returncode}): {tail[0]}")
