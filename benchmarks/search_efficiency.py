@@ -34,6 +34,7 @@ from typing import Any
 
 import optuna
 
+from objectives.early_abort import EarlyAbortRule
 from objectives.scoring import judge
 from objectives.slo import Slo, parse_slos
 from search_spaces.space import build_space, effective_settings
@@ -83,7 +84,9 @@ class CachedEngine(SimEngine):
             self.cache = pickle.loads(cache_file.read_bytes())
         self.runs = 0
 
-    def run(self, trace: Trace, settings: dict[str, Any]) -> EngineRun:
+    def run(
+        self, trace: Trace, settings: dict[str, Any], early_abort: EarlyAbortRule | None = None
+    ) -> EngineRun:
         source = trace.source
         identity = (source.sha256 if source else "", len(trace), trace.adjustments)
         key = (identity, tuple(sorted(settings.items())))

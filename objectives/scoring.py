@@ -9,7 +9,7 @@ never looks good unless the user allows it (DESIGN.md section 5).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from objectives.metrics import RunMetrics
@@ -68,15 +68,33 @@ class Verdict:
         return min(self.slacks.values(), default=math.inf)
 
 
-def judge(metrics: RunMetrics, slos: Sequence[Slo], error_budget: float = 0.0) -> Verdict:
-    """Constraint values and slacks of one run."""
+def judge(
+    metrics: RunMetrics,
+    slos: Sequence[Slo],
+    error_budget: float = 0.0,
+    lower_bounds: Mapping[str, float] | None = None,
+    cut_short: int = 0,
+) -> Verdict:
+    """Constraint values and slacks of one run.
+
+    A run cut short by the early-abort rule passes ``lower_bounds`` (statistic → a lower
+    bound of its final value; each SLO is judged on the larger of bound and measurement) and
+    ``cut_short``, the requests it never let finish (not failures of the engine)."""
     constraints: dict[str, float] = {}
     slacks: dict[str, float] = {}
     for slo in slos:
-        value = slo.value(metrics)
+        value = bounded_statistic(slo.value(metrics), (lower_bounds or {}).get(slo.name))
         excess = UNMEASURED if math.isnan(value) else (value - slo.limit_s) / slo.limit_s
         constraints[slo.name] = min(excess, UNMEASURED)
         slacks[slo.name] = -constraints[slo.name]
-    failed_share = metrics.failed / metrics.requests if metrics.requests else 1.0
+    failed = metrics.failed - cut_short
+    failed_share = failed / metrics.requests if metrics.requests else 1.0
     constraints[ERRORS] = failed_share - error_budget
     return Verdict(constraints=constraints, slacks=slacks)
+
+
+def bounded_statistic(measured: float, lower_bound: float | None) -> float:
+    """The larger of a measured statistic and a lower bound of its final value (either may be
+    missing: NaN or None)."""
+    candidates = [v for v in (measured, lower_bound) if v is not None and not math.isnan(v)]
+    return max(candidates) if candidates else math.nan

@@ -6,6 +6,7 @@ on, and no vLLM process is left."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,13 @@ def workspace(tmp_path: Path, tune, monkeypatch) -> Path:
     return tmp_path
 
 
-def vllm_run(tune, workspace: Path, trials: int, *extra: str) -> tuple[int, str, str]:
+def vllm_run(
+    tune,
+    workspace: Path,
+    trials: int,
+    *extra: str,
+    slos: tuple[str, ...] = ("p99_tpot=2s", "p99_ttft=10s"),
+) -> tuple[int, str, str]:
     return tune(
         "run",
         "--engine",
@@ -74,10 +81,7 @@ def vllm_run(tune, workspace: Path, trials: int, *extra: str) -> tuple[int, str,
         str(workspace / "short.jsonl"),
         "--trials",
         str(trials),
-        "--slo",
-        "p99_tpot=2s",
-        "--slo",
-        "p99_ttft=10s",
+        *(arg for slo in slos for arg in ("--slo", slo)),
         "--storage",
         f"sqlite:///{workspace / 'tune.db'}",
         "--study",
@@ -122,6 +126,12 @@ def test_three_real_trials(tune, workspace: Path) -> None:
         assert int(server["cache_config"]["num_gpu_blocks"]) > 0
         assert server["peak_num_requests_running"] >= 1  # seen mid-replay (decodes take seconds)
         assert 0 <= server["peak_kv_cache_usage_perc"] <= 1
+        # What the running server says it uses (/server_info): the config resolved before.
+        reported = resolved["server_reported"]
+        assert reported["cache_config"]["num_gpu_blocks"] > 0
+        assert reported["scheduler_config"]["max_num_seqs"] == trial.settings["max_num_seqs"]
+        assert details["config_mismatches"] == {}
+        assert "cut_short" not in details
     assert trials[0].is_baseline and trials[0].settings["max_num_batched_tokens"] == 2048
     code, out, _ = tune(
         "export", "--format", "shell", "--storage", f"sqlite:///{workspace / 'tune.db'}"
@@ -145,4 +155,57 @@ def test_a_failing_trial_is_stored_with_its_reason_and_the_study_goes_on(
     for trial in trials:
         assert trial.status == "failed" and trial.failure_reason
         assert not trial.feasible and trial.constraints["errors"] > 0
+    assert processes_using(workspace / "tiny-llama") == []
+
+
+def test_a_crash_and_a_hang_during_the_replay_fail_their_trials_with_reasons(
+    tune, workspace: Path
+) -> None:
+    # A wrapper starts the real server and, once a request runs, stops it (SIGSTOP: a hang)
+    # in the first trial and kills it (SIGKILL: a crash) in the second.
+    plan = workspace / "faults"
+    plan.write_text("hang\ncrash\n")
+    wrapper = f"{sys.executable} {Path(__file__).parent / 'fault_server.py'} {plan} "
+    code, out, err = vllm_run(
+        tune,
+        workspace,
+        2,
+        "--server-arg",
+        KV_BYTES,
+        "--serve-cmd",
+        f"{wrapper} {vllm_python()}",
+        "--hang-timeout",
+        "5",
+    )
+    assert code == 0, err
+    assert "failed: the server hung" in err and "failed: the server exited during" in err
+    assert "No trial met the SLOs" in out
+    store = TunerStore(f"sqlite:///{workspace / 'tune.db'}")
+    hung, crashed = store.trials(store.get_study("real"))
+    assert hung.status == "failed" and hung.failure_reason.startswith("the server hung: no token")
+    assert crashed.status == "failed"
+    assert crashed.failure_reason.startswith("the server exited during the replay")
+    for trial in (hung, crashed):
+        assert not trial.feasible and trial.constraints["errors"] > 0
+        assert "injecting" in Path(trial.metrics["details"]["log"]).read_text()
+    assert plan.read_text() == ""  # both faults were injected
+    assert processes_using(workspace / "tiny-llama") == []
+
+
+def test_a_replay_is_cut_short_once_its_slo_is_certainly_missed(tune, workspace: Path) -> None:
+    code, out, err = vllm_run(tune, workspace, 1, "--server-arg", KV_BYTES, slos=("p99_ttft=1ms",))
+    assert code == 0, err
+    assert "cut short" in out
+    store = TunerStore(f"sqlite:///{workspace / 'tune.db'}")
+    (trial,) = store.trials(store.get_study("real"))
+    assert trial.status == "complete" and not trial.feasible
+    cut = trial.metrics["details"]["cut_short"]
+    assert cut["reason"].startswith("p99_ttft ≥ ")
+    last_line = (workspace / "short.jsonl").read_text().splitlines()[-1]
+    schedule_s = json.loads(last_line)["timestamp"] / 1000
+    assert cut["at_s"] < schedule_s / 2 and cut["saved_s"] > schedule_s / 2
+    assert trial.metrics["failed"] == cut["unfinished"] > 0  # the unfinished, nothing else
+    # Judged on the bound: the constraint and the objective are at least what it proved.
+    assert trial.objectives["p99_ttft"] >= cut["lower_bounds"]["p99_ttft"] > 0.001
+    assert trial.constraints["p99_ttft"] > 0 and trial.constraints["errors"] <= 0
     assert processes_using(workspace / "tiny-llama") == []

@@ -38,6 +38,10 @@ class StudySummary:
     closest: list[TrialRecord]
     """When nothing is feasible: the trials nearest to meeting the SLOs."""
     finished: int
+    cut_short: int = 0
+    """Trials whose replay the early-abort rule stopped."""
+    saved_s: float = 0.0
+    """Replay time those stops saved, at least."""
 
 
 def summarize_study(
@@ -57,6 +61,8 @@ def summarize_study(
     closest: list[TrialRecord] = []
     if not pareto:
         closest = sorted(trials, key=lambda t: max(t.constraints.values()))[:3]
+    cuts = [_cut_short(trial) for trial in trials]
+    cuts = [cut for cut in cuts if cut]
     return StudySummary(
         study=record,
         objectives=list(trials[0].objectives) if trials else [],
@@ -66,7 +72,14 @@ def summarize_study(
         baseline=baseline,
         closest=closest,
         finished=len(trials),
+        cut_short=len(cuts),
+        saved_s=sum(float(cut.get("saved_s") or 0.0) for cut in cuts),
     )
+
+
+def _cut_short(trial: TrialRecord) -> dict[str, Any]:
+    """The early-abort record of a trial (empty when it ran to the end)."""
+    return dict(((trial.metrics or {}).get("details") or {}).get("cut_short") or {})
 
 
 def _leximin_slack(trial: TrialRecord) -> tuple[float, ...]:
@@ -98,6 +111,13 @@ def render_summary(summary: StudySummary, knobs: Sequence[str]) -> Group:
             f"{', '.join(study.slos)}; objective {study.objective_mode}"
         )
     )
+    if summary.cut_short:
+        parts.append(
+            Text(
+                f"early abort: {summary.cut_short} trials cut short once their SLOs were "
+                f"certainly missed, saving at least {summary.saved_s:.0f} s of replay"
+            )
+        )
     if summary.pareto:
         parts.append(_pareto_table(summary, knobs))
         recommended = summary.recommended
@@ -118,11 +138,13 @@ def render_summary(summary: StudySummary, knobs: Sequence[str]) -> Group:
         parts.append(Text("\nNo trial met the SLOs.", style="bold red"))
         for trial in summary.closest:
             binding = max(trial.constraints, key=lambda name: trial.constraints[name])
-            detail = (
-                f"{trial.failure_reason}"
-                if binding == ERRORS and trial.failure_reason
-                else _binding_text(trial, binding)
-            )
+            cut = _cut_short(trial)
+            if binding == ERRORS and trial.failure_reason:
+                detail = trial.failure_reason
+            elif cut:
+                detail = f"cut short: {cut['reason']}"
+            else:
+                detail = _binding_text(trial, binding)
             parts.append(
                 Text(
                     f"trial {trial.trial_number}: binding {binding}: {detail}; "

@@ -20,7 +20,16 @@ from typing import Any, Literal
 
 import optuna
 
-from objectives.scoring import ERRORS, UNMEASURED, Objective, Verdict, judge, latency_objectives
+from objectives.early_abort import EarlyAbortRule
+from objectives.scoring import (
+    ERRORS,
+    UNMEASURED,
+    Objective,
+    Verdict,
+    bounded_statistic,
+    judge,
+    latency_objectives,
+)
 from objectives.scoring import statistic as run_statistic
 from objectives.slo import Slo
 from search_spaces.render import serve_command
@@ -60,6 +69,16 @@ class StudyPlan:
     """Trials TPE samples at random before it models the results (the baseline included)."""
     capacity_tolerance: float = 0.05
     """Relative precision of the capacity bisection: stop when hi / lo − 1 ≤ this."""
+    early_abort: bool = True
+    """Let engines stop a replay once its SLO verdict can no longer change (real engines do;
+    :mod:`objectives.early_abort`)."""
+
+    @property
+    def abort_rule(self) -> EarlyAbortRule | None:
+        if not self.early_abort:
+            return None
+        reported = tuple(o.name for o in self.objectives if o.name != RATE_MULTIPLIER)
+        return EarlyAbortRule(self.slos, self.error_budget, reported)
 
     @property
     def objectives(self) -> tuple[Objective, ...]:
@@ -78,6 +97,8 @@ class TrialResult:
     verdict: Verdict
     failure: str | None
     is_baseline: bool
+    cut_short: str | None = None
+    """Why the early-abort rule stopped its replay, if it did."""
 
 
 @dataclass
@@ -139,12 +160,7 @@ def open_study(
                 f"study {plan.name!r} exists with a different {', '.join(mismatches)}: resume it "
                 "with the same options, or start another with --study NAME"
             )
-    directions = [
-        optuna.study.StudyDirection.MINIMIZE
-        if o.direction == "minimize"
-        else optuna.study.StudyDirection.MAXIMIZE
-        for o in plan.objectives
-    ]
+    directions = study_directions(plan)
     try:
         study = optuna.create_study(
             storage=plan.storage_url,
@@ -159,6 +175,22 @@ def open_study(
     if list(study.directions) != directions:
         raise TunerError(f"study {plan.name!r} has other objectives; use another --study NAME")
     return study, record
+
+
+def study_directions(plan: StudyPlan) -> list[optuna.study.StudyDirection]:
+    return [
+        optuna.study.StudyDirection.MINIMIZE
+        if o.direction == "minimize"
+        else optuna.study.StudyDirection.MAXIMIZE
+        for o in plan.objectives
+    ]
+
+
+def enqueue_baseline(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) -> None:
+    """Queue the engine's defaults as the study's first trial, marked as the baseline."""
+    defaults = engine.default_settings()
+    baseline = {name: value for name, value in defaults.items() if name in plan.space.ranges}
+    study.enqueue_trial(plan.space.params_for(baseline), user_attrs={"baseline": True})
 
 
 def run_study(
@@ -176,12 +208,7 @@ def run_study(
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     study.sampler = make_sampler(plan.sampler, plan.seed + len(study.trials), plan.startup_trials)
     if not study.trials:
-        baseline = {
-            name: value
-            for name, value in engine.default_settings().items()
-            if name in plan.space.ranges
-        }
-        study.enqueue_trial(plan.space.params_for(baseline), user_attrs={"baseline": True})
+        enqueue_baseline(study, plan, engine)
     remaining = max(plan.trials - len(finished), 0)
     progress.on_start(len(finished), remaining)
     if remaining == 0:
@@ -224,15 +251,13 @@ class _Objective:
                 plan.slos,
                 plan.error_budget,
                 plan.capacity_tolerance,
+                plan.abort_rule,
             )
             values = [multiplier]
         else:
-            run = self.engine.run(plan.trace, settings)
+            run = self.engine.run(plan.trace, settings, plan.abort_rule)
             verdict = _verdict(run, plan.slos, plan.error_budget)
-            values = [
-                run_statistic(run.metrics, o.name) if run.metrics else math.nan
-                for o in plan.objectives
-            ]
+            values = [_objective_value(run, o.name) for o in plan.objectives]
         values = self._pessimistic(values, failed=bool(run.failure) or run.metrics is None)
         self._note_values(values)
         for name, value in verdict.constraints.items():
@@ -244,6 +269,8 @@ class _Objective:
         trial.set_user_attr("serve_command", command)
         if run.failure:
             trial.set_user_attr("failure", run.failure)
+        if run.cut_short:
+            trial.set_user_attr("cut_short", run.cut_short.reason)
         metrics = run.metrics.as_dict() if run.metrics else None
         if metrics is not None:
             metrics["details"] = run.details
@@ -271,7 +298,15 @@ class _Objective:
             wall_s=time.perf_counter() - started,
         )
         self.progress.on_trial(
-            TrialResult(trial.number, settings, values, verdict, run.failure, is_baseline)
+            TrialResult(
+                trial.number,
+                settings,
+                values,
+                verdict,
+                run.failure,
+                is_baseline,
+                run.cut_short.reason if run.cut_short else None,
+            )
         )
         return values
 
@@ -301,12 +336,29 @@ class _Objective:
         return result
 
 
+def _objective_value(run: EngineRun, name: str) -> float:
+    """A run's statistic; for a run cut short, at least the lower bound it was cut on."""
+    if run.metrics is None:
+        return math.nan
+    measured = run_statistic(run.metrics, name)
+    if run.cut_short is None:
+        return measured
+    return bounded_statistic(measured, run.cut_short.lower_bounds.get(name))
+
+
 def _verdict(run: EngineRun, slos: tuple[Slo, ...], error_budget: float) -> Verdict:
     if run.metrics is None:
         constraints = {slo.name: UNMEASURED for slo in slos}
         constraints[ERRORS] = 1.0
         return Verdict(constraints=constraints, slacks={slo.name: -UNMEASURED for slo in slos})
-    verdict = judge(run.metrics, slos, error_budget)
+    cut = run.cut_short
+    verdict = judge(
+        run.metrics,
+        slos,
+        error_budget,
+        lower_bounds=cut.lower_bounds if cut else None,
+        cut_short=cut.unfinished if cut else 0,
+    )
     if run.failure and verdict.constraints[ERRORS] <= 0:
         verdict.constraints[ERRORS] = 1.0  # a failed engine never passes
     return verdict
@@ -319,6 +371,7 @@ def capacity_search(
     slos: tuple[Slo, ...],
     error_budget: float,
     tolerance: float,
+    abort_rule: EarlyAbortRule | None = None,
     bounds: tuple[float, float] = (1 / 64, 64.0),
 ) -> tuple[EngineRun, Verdict, float]:
     """The highest rate multiplier of ``trace`` at which every SLO holds, by doubling or
@@ -327,7 +380,7 @@ def capacity_search(
     fails (then the run and verdict at the lowest bound)."""
 
     def evaluate(multiplier: float) -> tuple[EngineRun, Verdict]:
-        run = engine.run(scale_rate(trace, multiplier), settings)
+        run = engine.run(scale_rate(trace, multiplier), settings, abort_rule)
         return run, _verdict(run, slos, error_budget)
 
     low_bound, high_bound = bounds

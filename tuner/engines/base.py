@@ -5,9 +5,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from objectives.early_abort import EarlyAbortRule
 from objectives.metrics import RunMetrics
 from search_spaces.space import EngineCapabilities
 from tuner.trace.model import Trace
+
+
+@dataclass(frozen=True)
+class CutShort:
+    """A replay stopped early because its SLO verdict could no longer change."""
+
+    reason: str
+    """Which SLO was already certain to be missed, and by how much."""
+    at_s: float
+    """Replay time when it was stopped."""
+    schedule_s: float
+    """The trace's last arrival: the full replay would have run at least this long."""
+    lower_bounds: dict[str, float]
+    """Statistic (``p99_ttft``) → a lower bound of the value the full replay would have had."""
+    unfinished: int
+    """Requests stopped before they finished (left out of the error count)."""
+
+    @property
+    def saved_s(self) -> float:
+        """Engine time saved, at least (the drain after the last arrival is not counted)."""
+        return max(self.schedule_s - self.at_s, 0.0)
 
 
 @dataclass
@@ -23,6 +45,8 @@ class EngineRun:
     """Why the run failed (a start failure, a crash, a stall), if it did."""
     details: dict[str, Any] = field(default_factory=dict)
     """Engine-specific extras worth storing (peak KV use, preemptions, prefix hits)."""
+    cut_short: CutShort | None = None
+    """Set when the early-abort rule stopped the replay (the run is then infeasible)."""
 
 
 class TrialEngine(Protocol):
@@ -43,6 +67,9 @@ class TrialEngine(Protocol):
         """The context length trials run with, given the user's fixed settings."""
         ...
 
-    def run(self, trace: Trace, settings: dict[str, Any]) -> EngineRun:
-        """Replay the trace with these settings."""
+    def run(
+        self, trace: Trace, settings: dict[str, Any], early_abort: EarlyAbortRule | None = None
+    ) -> EngineRun:
+        """Replay the trace with these settings; an engine may stop early (and say so in
+        :attr:`EngineRun.cut_short`) once ``early_abort`` finds the verdict certain."""
         ...

@@ -53,6 +53,14 @@ def _serve_subparser(root: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 SECRET_WORDS = ("secret", "password", "api_key", "credential")
+CONFIG_SECTIONS = (
+    "scheduler_config",
+    "cache_config",
+    "model_config",
+    "parallel_config",
+    "load_config",
+)
+"""The parts of vLLM's engine config recorded with every trial."""
 
 
 def is_secret(name: str) -> bool:
@@ -106,15 +114,43 @@ def resolve(root: argparse.ArgumentParser, arguments: list[str]) -> dict[str, ob
     )
     return {
         name: _plain_fields(getattr(config, name))
-        for name in (
-            "scheduler_config",
-            "cache_config",
-            "model_config",
-            "parallel_config",
-            "load_config",
-        )
+        for name in CONFIG_SECTIONS
         if getattr(config, name, None) is not None
     } | {"vllm": version()}
+
+
+def flags(root: argparse.ArgumentParser) -> list[str]:
+    serve = _serve_subparser(root)
+    return sorted({s for a in serve._actions for s in a.option_strings})
+
+
+def probe(root: argparse.ArgumentParser, arguments: list[str]) -> dict[str, object]:
+    """Version, accepted flags and the resolved default config in one run (importing vLLM
+    takes seconds); ``error`` instead of ``resolved`` when vLLM refuses the arguments."""
+    import contextlib
+    import io
+
+    answer: dict[str, object] = {"version": version(), "flags": flags(root)}
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages):
+            answer["resolved"] = resolve(root, arguments)
+    except (Exception, SystemExit) as exc:  # argparse exits; vLLM raises many types
+        answer["error"] = _validation_errors(exc) or messages.getvalue() + str(exc)
+    return answer
+
+
+def _validation_errors(exc: BaseException) -> str:
+    """pydantic's errors as one line (``max_num_seqs: Input should be ...``); else ''."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return ""
+    try:
+        return "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in errors()
+        )
+    except Exception:  # not pydantic's errors() after all
+        return ""
 
 
 def main() -> None:
@@ -129,14 +165,16 @@ def main() -> None:
     if command == "resolve":
         print(json.dumps(resolve(root, rest), default=str))
     elif command == "flags":
-        serve = _serve_subparser(root)
-        flags = sorted({s for a in serve._actions for s in a.option_strings})
-        print(json.dumps(flags))
+        print(json.dumps(flags(root)))
+    elif command == "probe":
+        print(json.dumps(probe(root, rest), default=str))
     elif command == "parse":
         args = root.parse_args(["serve", *rest])
         print(json.dumps({k: v for k, v in vars(args).items() if _jsonable(v)}, default=str))
     else:
-        raise SystemExit(f"unknown command {command!r}: use version, flags, parse or resolve")
+        raise SystemExit(
+            f"unknown command {command!r}: use version, flags, probe, parse or resolve"
+        )
 
 
 def _jsonable(value: object) -> bool:

@@ -8,24 +8,34 @@ code runs there through ``tuner/engines/vllm_args.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
+from objectives.early_abort import EarlyAbortRule
 from objectives.metrics import summarize_run
 from search_spaces.knobs import KNOBS
 from search_spaces.render import flag_name, serve_args
 from search_spaces.space import EngineCapabilities
-from tuner.engines.base import EngineRun
+from tuner.engines.base import CutShort, EngineRun
+from tuner.engines.real.guard import DEFAULT_HANG_TIMEOUT_S, ReplayGuard
 from tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
-from tuner.engines.real.replay import ReplayOptions, ReplayResult, replay
-from tuner.engines.real.signals import MetricsWatch, parse_iteration_log, step_summary
+from tuner.engines.real.replay import ReplayOptions, ReplayResult, ReplayState, replay
+from tuner.engines.real.signals import (
+    MetricsWatch,
+    config_mismatches,
+    parse_iteration_log,
+    server_config,
+    step_summary,
+)
 from tuner.engines.vllm_python import run_vllm_script
 from tuner.errors import TunerError
 from tuner.files import atomic_text
@@ -33,9 +43,13 @@ from tuner.trace.model import Trace
 
 VLLM_ARGS = Path(__file__).resolve().parent.parent / "vllm_args.py"
 ITERATION_FLAG = "--enable-logging-iteration-details"
-SERVER_ENV = {"VLLM_LOGGING_LEVEL": "INFO"}
-"""The per-step trace is logged at INFO: a quieter inherited level would lose it (a
-``--server-env VLLM_LOGGING_LEVEL=...`` still wins)."""
+SERVER_ENV = {"VLLM_LOGGING_LEVEL": "INFO", "VLLM_SERVER_DEV_MODE": "1"}
+"""The per-step trace is logged at INFO: a quieter inherited level would lose it. Development
+mode serves ``/server_info``, the config the running server really uses (it also enables
+other development endpoints, on 127.0.0.1 and for the trial's lifetime only). A
+``--server-env NAME=VALUE`` wins over both."""
+SERVER_INFO_TIMEOUT_S = 60.0
+"""The first ``/server_info`` collects the environment (seconds on a CPU machine)."""
 DEFAULT_TOKEN_HIGH = 32000
 """Prompt token ids stay below this when the model's vocabulary size is unknown."""
 
@@ -49,15 +63,18 @@ def ask_vllm(python: str, *args: str, timeout_s: float = 600) -> Any:
     completed = run_vllm_script(python, VLLM_ARGS, args, timeout_s=timeout_s)
     lines = [line for line in completed.stdout.splitlines() if line.strip()]
     if completed.returncode != 0 or not lines:
-        errors = [line for line in completed.stderr.splitlines() if line.strip()]
-        detail = next(
-            (line for line in reversed(errors) if "Error" in line or "error:" in line),
-            errors[-1] if errors else "",
-        )
-        raise VllmQueryError(
-            detail.split("Value error, ")[-1][:400] or f"exit code {completed.returncode}"
-        )
+        raise VllmQueryError(error_line(completed.stderr) or f"exit code {completed.returncode}")
     return json.loads(lines[-1])
+
+
+def error_line(text: str) -> str:
+    """The line of vLLM's output that says what was wrong (the last error named), shortened."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    detail = next(
+        (line for line in reversed(lines) if "Error" in line or "error:" in line),
+        lines[-1] if lines else "",
+    )
+    return detail.split("Value error, ")[-1].strip()[:400]
 
 
 class VllmEngine:
@@ -75,6 +92,7 @@ class VllmEngine:
         env: Mapping[str, str] | None = None,
         log_dir: Path = Path("tune-logs"),
         startup_timeout_s: float = 600.0,
+        hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
     ) -> None:
         self.model = model
         self.python = python or sys.executable
@@ -83,24 +101,26 @@ class VllmEngine:
         self.env = dict(env or {})
         self.log_dir = log_dir
         self.startup_timeout_s = startup_timeout_s
+        self.hang_timeout_s = hang_timeout_s
         self.trials = 0
-        info = ask_vllm(self.python, "version")
+        probed = ask_vllm(self.python, "probe", model, *self.server_args)
+        info = probed["version"]
         cli_version = None
         if not self.serve_command:
             self.serve_command, cli_version = _vllm_cli(self.python)
         self.version = cli_version or f"vllm {info['version']}" + (
             f" ({info['distribution']})" if info.get("distribution") else ""
         )
-        flags = frozenset(ask_vllm(self.python, "flags"))
+        flags = frozenset(probed["flags"])
         self.capabilities = EngineCapabilities(
             engine="vllm", version=str(info["version"]), accepted_flags=flags
         )
-        try:
-            self.defaults = ask_vllm(self.python, "resolve", model, *self.server_args)
-        except VllmQueryError as exc:
+        if "error" in probed:
             raise TunerError(
-                f"vLLM cannot build an engine for {model} with the server arguments given: {exc}"
-            ) from None
+                f"vLLM cannot build an engine for {model} with the server arguments given: "
+                f"{error_line(probed['error'])}"
+            )
+        self.defaults = probed["resolved"]
         self.token_high = _vocab_size(model) or DEFAULT_TOKEN_HIGH
 
     def validate_fixed(self, fixed: dict[str, Any]) -> None:
@@ -120,7 +140,9 @@ class VllmEngine:
             return int(fixed["max_model_len"])
         return int(self.defaults.get("model_config", {}).get("max_model_len") or 2**20)
 
-    def run(self, trace: Trace, settings: dict[str, Any]) -> EngineRun:
+    def run(
+        self, trace: Trace, settings: dict[str, Any], early_abort: EarlyAbortRule | None = None
+    ) -> EngineRun:
         self.trials += 1
         args = [*self.server_args, *serve_args(settings, self.capabilities)]
         if ITERATION_FLAG in (self.capabilities.accepted_flags or ()):
@@ -143,11 +165,13 @@ class VllmEngine:
             log_path=self.log_dir / f"trial-{self.trials:04d}.log",
             startup_timeout_s=self.startup_timeout_s,
         )
+        options = ReplayOptions(model=self.model, token_high=self.token_high)
         try:
             with VllmServer(spec) as server:
-                served = httpx.get(f"{server.base_url}/version", timeout=10).json()
-                options = ReplayOptions(model=self.model, token_high=self.token_high)
-                result, watch = asyncio.run(_watched_replay(server.base_url, trace, options))
+                served_version = httpx.get(f"{server.base_url}/version", timeout=10).json()
+                watched = asyncio.run(
+                    _watched_replay(server, trace, options, early_abort, self.hang_timeout_s)
+                )
         except ServerStartError as exc:
             return EngineRun(
                 None,
@@ -156,45 +180,102 @@ class VllmEngine:
                 failure=exc.reason,
                 details={"log": str(spec.log_path)},
             )
-        metrics = summarize_run(result.records)
-        lateness = result.lateness_s
+        result, state = watched.result, watched.state
         steps = parse_iteration_log(spec.log_path)
         steps_path = spec.log_path.with_suffix(".steps.jsonl")
         with atomic_text(steps_path) as stream:
             stream.writelines(json.dumps(step) + "\n" for step in steps)
+        lateness = result.lateness_s
+        details: dict[str, Any] = {
+            "log": str(spec.log_path),
+            "client_lateness_p50_s": float(np.percentile(lateness, 50)),
+            "client_lateness_p99_s": float(np.percentile(lateness, 99)),
+            "client_lateness_max_s": float(lateness.max()),
+            "client_bound": result.client_bound,
+            "replay_wall_s": result.wall_s,
+            "server_metrics": watched.watch.summary(),
+            "server_steps": {**step_summary(steps), "trace": str(steps_path)},
+        }
+        if watched.served_config:
+            details["config_mismatches"] = config_mismatches(resolved, watched.served_config)
+        cut_short = None
+        if watched.guard.certainty is not None and state.stopped_at_s is not None:
+            cut_short = CutShort(
+                reason=watched.guard.certainty.reason,
+                at_s=state.stopped_at_s,
+                schedule_s=trace.requests[-1].arrival_s if trace.requests else 0.0,
+                lower_bounds=watched.guard.certainty.lower_bounds,
+                unfinished=sum(
+                    1 for r in result.records if (r.error or "").startswith("unfinished: cut short")
+                ),
+            )
+            details["cut_short"] = {**asdict(cut_short), "saved_s": cut_short.saved_s}
         return EngineRun(
-            metrics=metrics,
-            resolved_config={**resolved, "served_version": served.get("version")},
-            version=self.version,
-            details={
-                "log": str(spec.log_path),
-                "client_lateness_p50_s": float(np.percentile(lateness, 50)),
-                "client_lateness_p99_s": float(np.percentile(lateness, 99)),
-                "client_lateness_max_s": float(lateness.max()),
-                "client_bound": result.client_bound,
-                "replay_wall_s": result.wall_s,
-                "server_metrics": watch.summary(),
-                "server_steps": {**step_summary(steps), "trace": str(steps_path)},
+            metrics=summarize_run(result.records),
+            resolved_config={
+                **resolved,
+                "served_version": served_version.get("version"),
+                "server_reported": watched.served_config
+                or watched.watch.summary().get("cache_config", {}),
             },
+            version=self.version,
+            failure=watched.guard.failure,
+            details=details,
+            cut_short=cut_short,
         )
 
 
+@dataclass
+class _Watched:
+    """A replay and what was watched beside it."""
+
+    result: ReplayResult
+    state: ReplayState
+    guard: ReplayGuard
+    watch: MetricsWatch
+    served_config: dict[str, Any]
+    """What the running server reported of its config (empty when it could not say)."""
+
+
 async def _watched_replay(
-    base_url: str, trace: Trace, options: ReplayOptions
-) -> tuple[ReplayResult, MetricsWatch]:
-    """The replay, with ``/metrics`` scraped before, every second during, and after it."""
-    watch = MetricsWatch(base_url)
+    server: VllmServer,
+    trace: Trace,
+    options: ReplayOptions,
+    rule: EarlyAbortRule | None,
+    hang_timeout_s: float,
+) -> _Watched:
+    """The replay, with a guard beside it (crash, hang, early abort), ``/metrics`` scraped
+    before, every second during and after it, and the server's own config read at the end
+    (after the replay: the first ``/server_info`` takes seconds)."""
+    state = ReplayState(trace)
+    guard = ReplayGuard(server, state, rule, hang_timeout_s)
+    watch = MetricsWatch(server.base_url)
+    served: dict[str, Any] = {}
     async with httpx.AsyncClient(timeout=10.0) as client:
-        watch.before = await watch.scrape(client)
+        with contextlib.suppress(httpx.HTTPError):
+            watch.before = await watch.scrape(client)
         stop = asyncio.Event()
         poller = asyncio.create_task(watch.run(stop))
+        guarding = asyncio.create_task(guard.watch())
         try:
-            result = await replay(base_url, trace, options)
+            result = await replay(server.base_url, trace, options, state)
         finally:
             stop.set()
-            await poller
-        watch.after = await watch.scrape(client)
-    return result, watch
+            state.stopped.set()  # ends the guard's loop
+            await asyncio.gather(poller, guarding, return_exceptions=True)
+        await guard.confirm_alive()
+        if guard.failure is None:
+            with contextlib.suppress(httpx.HTTPError):
+                watch.after = await watch.scrape(client)
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                response = await client.get(
+                    f"{server.base_url}/server_info",
+                    params={"config_format": "json"},
+                    timeout=SERVER_INFO_TIMEOUT_S,
+                )
+                if response.status_code == 200:
+                    served = server_config(response.json())
+    return _Watched(result, state, guard, watch, served)
 
 
 def _vllm_cli(python: str) -> tuple[tuple[str, ...], str | None]:

@@ -167,7 +167,7 @@ class VllmServer:
         if process is None:
             return
         group = process.pid  # process_group=0: the group id is the server's pid
-        if not _signal_and_wait(process, group, signal.SIGTERM, grace_s):
+        if not _signal_and_wait(process, group, signal.SIGTERM, grace_s, resume=True):
             _signal_and_wait(process, group, signal.SIGKILL, 10.0)
         self.process = None
 
@@ -189,11 +189,18 @@ def group_members(group: int) -> list[int]:
 
 
 def _signal_and_wait(
-    process: subprocess.Popen[bytes], group: int, sig: signal.Signals, timeout_s: float
+    process: subprocess.Popen[bytes],
+    group: int,
+    sig: signal.Signals,
+    timeout_s: float,
+    resume: bool = False,
 ) -> bool:
-    """Signal the group; True once none of it is alive (within ``timeout_s``)."""
+    """Signal the group; True once none of it is alive (within ``timeout_s``). ``resume``:
+    also SIGCONT, so that a stopped (hung) process handles the signal too."""
     try:
         os.killpg(group, sig)
+        if resume:
+            os.killpg(group, signal.SIGCONT)
     except ProcessLookupError:
         process.poll()
         return True

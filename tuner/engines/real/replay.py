@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 
+from objectives.early_abort import Snapshot
 from objectives.metrics import RequestRecord
 from tuner.trace.model import Request, Trace
 from tuner.trace.tokens import prompt_token_ids
@@ -46,6 +47,76 @@ class ReplayOptions:
     """After the last send, how long to wait for the rest before giving up on them."""
 
 
+class ReplayState:
+    """What a replay has seen so far, request by request; watchers running beside the replay
+    read it (:meth:`snapshot`, :meth:`stalled_s`) and may :meth:`stop` it."""
+
+    def __init__(self, trace: Trace) -> None:
+        count = len(trace.requests)
+        self.started = time.monotonic()
+        self.sent_s = np.full(count, np.nan)
+        self.first_token_s = np.full(count, np.nan)
+        self.last_token_s = np.full(count, np.nan)
+        self.tokens = np.zeros(count, dtype=np.int64)
+        self.expected = np.array([r.output_tokens for r in trace.requests], dtype=np.int64)
+        self.failed = np.zeros(count, dtype=bool)
+        self.finished = np.zeros(count, dtype=bool)
+        self.token_times: list[list[float]] = [[] for _ in range(count)]
+        self.last_progress_s = 0.0
+        """When a token last arrived or a request last ended."""
+        self.stop_reason: str | None = None
+        self.stopped_at_s: float | None = None
+        """Replay time when :meth:`stop` was called."""
+        self.stopped = asyncio.Event()
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def stop(self, reason: str) -> None:
+        """End the replay now; requests still running are recorded as unfinished, with
+        ``reason``. The first reason given wins."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            self.stopped_at_s = self.now()
+            self.stopped.set()
+
+    def stalled_s(self) -> float:
+        """How long requests have been in flight without any token or completion (0 when
+        none is in flight)."""
+        in_flight = ~np.isnan(self.sent_s) & ~self.finished
+        if not in_flight.any():
+            return 0.0
+        since = max(self.last_progress_s, float(np.min(self.sent_s[in_flight])))
+        return self.now() - since
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            now_s=self.now(),
+            sent_s=self.sent_s.copy(),
+            first_token_s=self.first_token_s.copy(),
+            last_token_s=self.last_token_s.copy(),
+            tokens=self.tokens.copy(),
+            expected=self.expected,
+            failed=self.failed.copy(),
+        )
+
+    def record_tokens(self, index: int, count: int) -> None:
+        """``count`` more output tokens of request ``index`` arrived now."""
+        now = self.now()
+        if self.tokens[index] == 0:
+            self.first_token_s[index] = now
+        self.last_token_s[index] = now
+        self.tokens[index] += count
+        self.token_times[index].extend([now] * count)
+        self.last_progress_s = now
+
+    def record_end(self, index: int, failed: bool) -> None:
+        """Request ``index`` ended (completed, or failed)."""
+        self.finished[index] = True
+        self.failed[index] = failed
+        self.last_progress_s = self.now()
+
+
 @dataclass
 class ReplayResult:
     records: list[RequestRecord]
@@ -60,8 +131,12 @@ class ReplayResult:
         )
 
 
-async def replay(base_url: str, trace: Trace, options: ReplayOptions) -> ReplayResult:
-    """Replay ``trace`` against the server at ``base_url``."""
+async def replay(
+    base_url: str, trace: Trace, options: ReplayOptions, state: ReplayState | None = None
+) -> ReplayResult:
+    """Replay ``trace`` against the server at ``base_url``. Pass a ``state`` to watch the
+    replay as it runs and to stop it early (:meth:`ReplayState.stop`)."""
+    state = state or ReplayState(trace)
     limits = httpx.Limits(
         max_connections=options.max_concurrency, max_keepalive_connections=options.max_concurrency
     )
@@ -73,7 +148,7 @@ async def replay(base_url: str, trace: Trace, options: ReplayOptions) -> ReplayR
     ]
     lateness = np.zeros(len(trace.requests))
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
-        started = time.monotonic()
+        state.started = started = time.monotonic()
 
         async def one(index: int, request: Request) -> RequestRecord:
             delay = started + request.arrival_s - time.monotonic()
@@ -82,27 +157,38 @@ async def replay(base_url: str, trace: Trace, options: ReplayOptions) -> ReplayR
             async with semaphore:
                 sent = time.monotonic()
                 lateness[index] = sent - started - request.arrival_s
-                return await _send(
-                    client, request, prompts[index], options, sent - started, started
-                )
+                state.sent_s[index] = sent - started
+                record = await _send(client, index, request, prompts[index], options, state)
+                state.record_end(index, failed=not record.completed)
+                return record
 
         tasks = [asyncio.create_task(one(i, r)) for i, r in enumerate(trace.requests)]
+        everything = asyncio.gather(*tasks, return_exceptions=True)
+        stopped = asyncio.create_task(state.stopped.wait())
         last_arrival = trace.requests[-1].arrival_s if trace.requests else 0.0
-        done, pending = await asyncio.wait(tasks, timeout=last_arrival + options.drain_timeout_s)
-        for task in pending:
+        await asyncio.wait(
+            {everything, stopped},
+            timeout=last_arrival + options.drain_timeout_s,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        stopped.cancel()
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(everything, stopped, return_exceptions=True)
+        unfinished = f"unfinished: {state.stop_reason or 'the replay ended'}"
         records = []
         for index, (task, request) in enumerate(zip(tasks, trace.requests, strict=True)):
-            if task in done and not task.cancelled() and task.exception() is None:
+            if not task.cancelled() and task.exception() is None:
                 records.append(task.result())
             else:
+                sent = state.sent_s[index]
                 records.append(
                     RequestRecord(
                         id=request.id,
-                        sent_s=request.arrival_s + float(lateness[index]),
-                        token_times_s=[],
+                        sent_s=float(sent) if not np.isnan(sent) else request.arrival_s,
+                        token_times_s=list(state.token_times[index]),
                         expected_tokens=request.output_tokens,
-                        error="unfinished when the replay ended",
+                        error=unfinished,
                     )
                 )
         wall = time.monotonic() - started
@@ -111,11 +197,11 @@ async def replay(base_url: str, trace: Trace, options: ReplayOptions) -> ReplayR
 
 async def _send(
     client: httpx.AsyncClient,
+    index: int,
     request: Request,
     prompt: list[int],
     options: ReplayOptions,
-    sent_s: float,
-    started: float,
+    state: ReplayState,
 ) -> RequestRecord:
     body = {
         "model": options.model,
@@ -126,7 +212,6 @@ async def _send(
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
     }
-    times: list[float] = []
     error: str | None = None
     try:
         async with client.stream("POST", "/v1/completions", json=body) as response:
@@ -137,21 +222,21 @@ async def _send(
                 async for line in response.aiter_lines():
                     if not line.startswith("data: {"):
                         continue
-                    now = time.monotonic() - started
                     choices = json.loads(line[6:]).get("choices") or []
                     if choices:
                         ids = choices[0].get("token_ids")
-                        times.extend([now] * (len(ids) if ids else 1))
+                        state.record_tokens(index, len(ids) if ids else 1)
     except httpx.TimeoutException:
         error = f"timed out after {options.request_timeout_s:g} s"
     except httpx.HTTPError as exc:
         error = f"{type(exc).__name__}: {exc}"
+    times = state.token_times[index]
     if error is None and len(times) != request.output_tokens:
         error = f"{len(times)} of {request.output_tokens} tokens streamed"
     return RequestRecord(
         id=request.id,
-        sent_s=sent_s,
-        token_times_s=times,
+        sent_s=float(state.sent_s[index]),
+        token_times_s=list(times),
         expected_tokens=request.output_tokens,
         error=error,
     )

@@ -19,6 +19,8 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from tuner.engines.vllm_args import CONFIG_SECTIONS, is_secret
+
 ITERATION_RE = re.compile(
     r"Iteration\((?P<step>\d+)\): (?P<ctx_reqs>\d+) context requests, (?P<ctx_tokens>\d+) "
     r"context tokens, (?P<gen_reqs>\d+) generation requests, (?P<gen_tokens>\d+) generation "
@@ -86,6 +88,36 @@ def parse_metrics(text: str) -> dict[str, Any]:
     return values
 
 
+def server_config(server_info: dict[str, Any]) -> dict[str, Any]:
+    """The recorded sections of a running server's config (``GET /server_info`` with
+    ``VLLM_SERVER_DEV_MODE=1``): plain values only, secrets left out, as in the resolved
+    config computed before the start (so the two compare key by key)."""
+    config = server_info.get("vllm_config")
+    if not isinstance(config, dict):
+        return {}
+    return {
+        name: {
+            key: value
+            for key, value in section.items()
+            if not is_secret(key) and (value is None or isinstance(value, str | int | float | bool))
+        }
+        for name in CONFIG_SECTIONS
+        if isinstance(section := config.get(name), dict)
+    }
+
+
+def config_mismatches(resolved: dict[str, Any], served: dict[str, Any]) -> dict[str, list[Any]]:
+    """Scheduler settings where the running server differs from the config resolved before it
+    started (``{"max_num_seqs": [resolved, served]}``); empty when they agree."""
+    before = resolved.get("scheduler_config", {})
+    after = served.get("scheduler_config", {})
+    return {
+        key: [before[key], after[key]]
+        for key in sorted(before.keys() & after.keys())
+        if before[key] != after[key]
+    }
+
+
 @dataclass
 class MetricsWatch:
     """Scrapes ``/metrics`` before, every ``interval_s`` during, and after a replay."""
@@ -124,6 +156,7 @@ class MetricsWatch:
             if name in self.before and name in self.after:
                 result[name] = self.after[name] - self.before[name]
         result.update({f"peak_{name}": value for name, value in self.peaks.items()})
-        if "cache_config" in self.after:
-            result["cache_config"] = self.after["cache_config"]
+        cache_config = self.after.get("cache_config") or self.before.get("cache_config")
+        if cache_config:
+            result["cache_config"] = cache_config
         return result

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from objectives.early_abort import EarlyAbortRule
 from search_spaces.knobs import KNOBS
 from search_spaces.space import EngineCapabilities
 from tuner.engines.base import EngineRun
@@ -47,7 +48,11 @@ class SimEngine:
         values = self.base_settings(fixed)
         return int(values.get("max_model_len", SimConfig.model_fields["max_model_len"].default))
 
-    def run(self, trace: Trace, settings: dict[str, Any]) -> EngineRun:
+    def run(
+        self, trace: Trace, settings: dict[str, Any], early_abort: EarlyAbortRule | None = None
+    ) -> EngineRun:
+        """Simulate the whole trace: ``early_abort`` is not used (a simulated run costs less
+        than watching it would save)."""
         values = {**self.profile.engine_defaults, **settings}
         try:
             config = SimConfig(**values)
