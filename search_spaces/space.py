@@ -87,6 +87,27 @@ class KnobRange:
             return _log2_floor(self.low) - 1 if not value else _log2_floor(int(value))
         return value
 
+    def as_record(self) -> dict[str, Any]:
+        """JSON-ready fields, read back by :meth:`from_record`."""
+        return {
+            "low": self.low,
+            "high": self.high,
+            "allow_off": self.allow_off,
+            "choices": list(self.choices),
+        }
+
+    @classmethod
+    def from_record(cls, name: str, data: Mapping[str, Any]) -> KnobRange:
+        if name not in KNOBS:
+            raise TunerError(f"unknown knob {name!r} in a stored search space")
+        return cls(
+            KNOBS[name],
+            int(data["low"]),
+            int(data["high"]),
+            allow_off=bool(data["allow_off"]),
+            choices=tuple(bool(c) for c in data["choices"]),
+        )
+
 
 @dataclass(frozen=True)
 class SearchSpace:

@@ -39,6 +39,13 @@ class StudyRecord(Base):
     space: Mapped[dict[str, Any]] = mapped_column(JSON)
     """Searched ranges, fixed settings and dropped knobs (with reasons)."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    target_trials: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """Finished trials the study should have (``tune run --trials``): where workers stop."""
+    definition: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """What ``tune worker`` needs, beyond the columns above, to rebuild the study's plan: the
+    searched ranges, whether the trace was sorted, the plan's other options (see
+    ``tuner.worker.definition``). ``None`` for studies recorded before workers existed:
+    ``tune run`` on them records it."""
 
     trials: Mapped[list[TrialRecord]] = relationship(back_populates="study")
 

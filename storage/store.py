@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
@@ -36,7 +38,7 @@ class TunerStore:
             Base.metadata.create_all(self.engine)
         except SQLAlchemyError as exc:
             raise TunerError(
-                f"cannot open the storage {_redact(url)}: {str(exc).splitlines()[0]}"
+                f"cannot open the storage {redact_url(url)}: {str(exc).splitlines()[0]}"
             ) from None
 
     def session(self) -> Session:
@@ -55,6 +57,47 @@ class TunerStore:
         with self.session() as session, session.begin():
             session.add(record)
         return record
+
+    def record_definition(
+        self, study: StudyRecord, target_trials: int, definition: dict[str, Any]
+    ) -> None:
+        """Record the study's target trial count and what workers need to rebuild its plan."""
+        with self.session() as session, session.begin():
+            session.execute(
+                update(StudyRecord)
+                .where(StudyRecord.id == study.id)
+                .values(target_trials=target_trials, definition=_json_safe(definition))
+            )
+        study.target_trials, study.definition = target_trials, definition
+
+    @contextmanager
+    def study_lock(self, study: StudyRecord) -> Iterator[None]:
+        """Hold the study's lock, across processes and machines, while the block runs.
+
+        PostgreSQL (and other servers): a row lock on the study's ``tuner_studies`` row, in a
+        transaction of its own (``FOR NO KEY UPDATE``, so trials can still be inserted while
+        it is held). SQLite: an exclusive ``flock`` on ``DATABASE.lock`` beside the file (the
+        database's own write lock would block Optuna's writes made inside the block).
+        """
+        if self.engine.dialect.name != "sqlite":
+            with self.session() as session, session.begin():
+                session.execute(
+                    select(StudyRecord.id)
+                    .where(StudyRecord.id == study.id)
+                    .with_for_update(key_share=True)
+                )
+                yield
+            return
+        database = self.engine.url.database
+        if not database or database == ":memory:":
+            yield  # one process only
+            return
+        with open(f"{database}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def add_trial(self, study: StudyRecord, engine: str, version: str, **fields: Any) -> None:
         with self.session() as session, session.begin():
@@ -83,7 +126,7 @@ class TunerStore:
             ).all()
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
     """A storage URL without its password, for messages."""
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ TRACES = ROOT / "examples" / "traces"
 MOONCAKE = TRACES / "mooncake_conversation_head.jsonl"
 AZURE = TRACES / "azure_conv_2023_head.csv"
 BURSTGPT = TRACES / "burstgpt1_head400.csv"
+POSTGRES_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 @pytest.fixture
@@ -40,6 +42,28 @@ def tune(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) ->
         return code, captured.out, captured.err
 
     return run
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A throw-away database on the machine's PostgreSQL."""
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    name = f"tuner_test_{uuid.uuid4().hex[:12]}"
+    admin = sqlalchemy.create_engine(POSTGRES_ADMIN, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"CREATE DATABASE {name}")
+    except sqlalchemy.exc.OperationalError as exc:
+        reason = f"PostgreSQL is not reachable at 127.0.0.1:5432: {str(exc).splitlines()[0]}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    try:
+        yield POSTGRES_ADMIN.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
 
 
 @st.composite

@@ -5,20 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
-import pytest
 import yaml
 
 from storage.store import TunerStore
 from tests.conftest import AZURE
 from tuner.engines.sim import SimConfig
 
-POSTGRES_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 SMALL = ["--trace", str(AZURE), "--max-requests", "150"]
 
 
@@ -70,28 +65,6 @@ def check_study(tune, storage: str) -> None:
 
 def test_study_on_sqlite(tune, tmp_path: Path) -> None:
     check_study(tune, f"sqlite:///{tmp_path / 'tune.db'}")
-
-
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A throw-away database on the machine's PostgreSQL."""
-    sqlalchemy = pytest.importorskip("sqlalchemy")
-    name = f"tuner_test_{uuid.uuid4().hex[:12]}"
-    admin = sqlalchemy.create_engine(POSTGRES_ADMIN, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f"CREATE DATABASE {name}")
-    except sqlalchemy.exc.OperationalError as exc:
-        reason = f"PostgreSQL is not reachable at 127.0.0.1:5432: {str(exc).splitlines()[0]}"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    try:
-        yield POSTGRES_ADMIN.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.dispose()
 
 
 def test_study_on_postgresql(tune, postgres_url: str) -> None:

@@ -10,6 +10,7 @@ from tuner import __version__
 from tuner.cli.run_cmd import export_command, pareto_command, run_command
 from tuner.cli.simulate_cmd import simulate_command
 from tuner.cli.trace_cmd import trace_app
+from tuner.cli.worker_cmd import worker_command
 from tuner.errors import TunerError
 
 app = typer.Typer(
@@ -23,6 +24,7 @@ app.add_typer(trace_app, name="trace")
 app.command("run")(run_command)
 app.command("pareto")(pareto_command)
 app.command("export")(export_command)
+app.command("worker")(worker_command)
 app.command("simulate")(simulate_command)
 
 EXIT_BAD_INPUT = 2

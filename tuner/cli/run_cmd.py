@@ -3,20 +3,33 @@
 from __future__ import annotations
 
 import logging
-import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import optuna
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from objectives.scoring import Objective
 from objectives.slo import format_seconds, parse_slos
 from search_spaces.knobs import KNOBS
 from search_spaces.space import build_space, load_space_file, parse_assignments, parse_value
-from storage.store import TunerStore
+from storage.store import TunerStore, redact_url
+from tuner.cli.engine_options import (
+    EngineOpt,
+    HangTimeoutOpt,
+    LogDirOpt,
+    ProfileOpt,
+    ServeCmdOpt,
+    ServerArgOpt,
+    ServerEnvOpt,
+    VllmPythonOpt,
+    build_engine,
+)
 from tuner.cli.options import (
     DequantizeOpt,
     DurationOpt,
@@ -30,14 +43,13 @@ from tuner.cli.options import (
     shape_options,
 )
 from tuner.cli.simulate_cmd import DEFAULT_PROFILE
-from tuner.engines.real.engine import VllmEngine
-from tuner.engines.sim import load_profile
-from tuner.engines.sim.adapter import SimEngine
+from tuner.engines.real.guard import DEFAULT_HANG_TIMEOUT_S
 from tuner.errors import TunerError
 from tuner.report import export, render_summary, summarize_study
 from tuner.study import StudyPlan, StudyProgress, TrialResult, open_study, run_study
 from tuner.trace import load_trace
 from tuner.trace.native import atomic_write_lines
+from tuner.worker.definition import definition_of
 
 DEFAULT_STORAGE = "sqlite:///tune.db"
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -65,13 +77,19 @@ def run_command(
         ),
     ] = "latency",
     trials: Annotated[int, typer.Option("--trials", min=1, help="Total trials of the study.")] = 30,
-    engine: Annotated[str, typer.Option("--engine", help="sim (simulator) or vllm.")] = "sim",
+    create_only: Annotated[
+        bool,
+        typer.Option(
+            "--create-only",
+            help="Record the study (trace, SLOs, space, --trials target) and run no trial: "
+            "`tune worker` processes run them.",
+        ),
+    ] = False,
+    engine: EngineOpt = "sim",
     model: Annotated[
         str, typer.Option("--model", help="Model named in serve lines.")
     ] = DEFAULT_MODEL,
-    profile: Annotated[
-        str, typer.Option("--profile", help="Simulator step-time profile (name or file).")
-    ] = DEFAULT_PROFILE,
+    profile: ProfileOpt = DEFAULT_PROFILE,
     study_name: StudyOpt = None,
     storage: StorageOpt = DEFAULT_STORAGE,
     timeout: Annotated[
@@ -110,48 +128,20 @@ def run_command(
             "--capacity-tolerance", min=0.001, help="Capacity bisection precision (relative)."
         ),
     ] = 0.05,
-    vllm_python: Annotated[
-        str | None,
+    early_abort: Annotated[
+        bool,
         typer.Option(
-            "--vllm-python",
-            help="--engine vllm: the Python that has vLLM (its own venv).",
-            rich_help_panel="Real engine",
+            "--early-abort/--no-early-abort",
+            help="Stop a real engine's replay once its SLOs are certainly missed (the trial "
+            "is judged on lower bounds of what it would have measured).",
         ),
-    ] = None,
-    serve_cmd: Annotated[
-        str | None,
-        typer.Option(
-            "--serve-cmd",
-            help="--engine vllm: the command the model name follows (default: 'vllm serve' "
-            "if that works, else 'PYTHON -m vllm.entrypoints.openai.api_server --model').",
-            rich_help_panel="Real engine",
-        ),
-    ] = None,
-    server_arg: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--server-arg",
-            help="--engine vllm: extra server arguments, e.g. "
-            "'--kv-cache-memory-bytes 268435456' (repeatable).",
-            rich_help_panel="Real engine",
-        ),
-    ] = None,
-    server_env: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--server-env",
-            help="--engine vllm: KEY=VALUE for the server's environment (repeatable).",
-            rich_help_panel="Real engine",
-        ),
-    ] = None,
-    log_dir: Annotated[
-        Path,
-        typer.Option(
-            "--log-dir",
-            help="--engine vllm: where each trial's server log goes.",
-            rich_help_panel="Real engine",
-        ),
-    ] = Path("tune-logs"),
+    ] = True,
+    vllm_python: VllmPythonOpt = None,
+    serve_cmd: ServeCmdOpt = None,
+    server_arg: ServerArgOpt = None,
+    server_env: ServerEnvOpt = None,
+    log_dir: LogDirOpt = Path("tune-logs"),
+    hang_timeout: HangTimeoutOpt = DEFAULT_HANG_TIMEOUT_S,
     format: FormatOpt = None,
     sort: SortOpt = False,
     start: StartOpt = 0.0,
@@ -167,20 +157,17 @@ def run_command(
         raise TunerError(f"--objective: expected latency or capacity, got {objective!r}")
     if sampler not in ("tpe", "random"):
         raise TunerError(f"--sampler: expected tpe or random, got {sampler!r}")
-    trial_engine: SimEngine | VllmEngine
-    if engine == "sim":
-        trial_engine = SimEngine(load_profile(profile))
-    elif engine == "vllm":
-        trial_engine = VllmEngine(
-            model,
-            python=vllm_python,
-            serve_command=shlex.split(serve_cmd or ""),
-            server_args=[arg for text in server_arg or [] for arg in shlex.split(text)],
-            env=parse_assignments(server_env or [], "--server-env"),
-            log_dir=log_dir,
-        )
-    else:
-        raise TunerError(f"--engine: expected sim or vllm, got {engine!r}")
+    trial_engine = build_engine(
+        engine,
+        model=model,
+        profile=profile,
+        vllm_python=vllm_python,
+        serve_cmd=serve_cmd,
+        server_arg=server_arg,
+        server_env=server_env,
+        log_dir=log_dir,
+        hang_timeout_s=hang_timeout,
+    )
     fixed = {k: parse_value(v) for k, v in parse_assignments(set_values or [], "--set").items()}
     overrides = load_space_file(space_file) if space_file else {}
     overrides.update(parse_assignments(space or [], "--space"))
@@ -207,6 +194,7 @@ def run_command(
         seed=seed,
         sampler=sampler,  # type: ignore[arg-type]
         capacity_tolerance=capacity_tolerance,
+        early_abort=early_abort,
     )
     err = Console(stderr=True, highlight=False)
     err.print(f"study {name} on {trace_file} ({len(trace):,} requests) with {trial_engine.version}")
@@ -219,8 +207,17 @@ def run_command(
     _quiet_optuna()
     store = TunerStore(storage)
     opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
+    store.record_definition(opened[1], trials, definition_of(plan, sort=sort))
+    if create_only:
+        err.print(
+            f"study {name} recorded with a target of {trials} trials; run them with "
+            f"tune worker --study {name} --storage {redact_url(storage)}",
+            soft_wrap=True,
+        )
+        return
     interrupted = False
-    with _ProgressDisplay(err, plan) as display:
+    # A line per trial when trials take minutes (a real engine); the bar alone otherwise.
+    with _ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display:
         try:
             study = run_study(plan, trial_engine, store, display.progress, opened)
         except KeyboardInterrupt:
@@ -241,8 +238,8 @@ def _quiet_optuna() -> None:
 class _ProgressDisplay:
     """A progress bar with the best feasible result so far."""
 
-    def __init__(self, console: Console, plan: StudyPlan) -> None:
-        self.plan = plan
+    def __init__(self, console: Console, plan: StudyPlan, verbose: bool = False) -> None:
+        self.plan, self.verbose = plan, verbose
         self.bar = Progress(
             TextColumn("[bold]trials"),
             BarColumn(),
@@ -283,10 +280,28 @@ class _ProgressDisplay:
             )
             description = f"best feasible (trial {self.best.number}): {shown}"
         self.bar.update(self.task, advance=1, description=description)
+        if self.verbose:
+            self.bar.console.print(escape(trial_line(result, objectives)), soft_wrap=True)
 
 
 def _value(name: str, value: float) -> str:
     return f"{value:.3g}×" if name == "rate_multiplier" else format_seconds(value)
+
+
+def trial_line(result: TrialResult, objectives: Sequence[Objective]) -> str:
+    """One line per finished trial: its values, its verdict, and why it failed or was cut
+    short."""
+    shown = ", ".join(
+        f"{o.name} {'≥ ' if result.cut_short else ''}{_value(o.name, v)}"
+        for o, v in zip(objectives, result.values, strict=True)
+    )
+    verdict = "meets the SLOs" if result.verdict.feasible else "misses the SLOs"
+    why = ""
+    if result.failure:
+        why = f"; failed: {result.failure}"
+    elif result.cut_short:
+        why = f"; cut short: {result.cut_short}"
+    return f"trial {result.number} {verdict}: {shown}{why}"
 
 
 def _load(storage: str, name: str | None) -> tuple[TunerStore, optuna.Study, str]:

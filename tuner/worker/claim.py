@@ -1,0 +1,100 @@
+"""The claim step: which trial a worker runs next, decided atomically across all workers.
+
+Under the study's lock (a row lock on PostgreSQL, a file lock beside an SQLite file), a claim
+
+1. fails the trials whose heartbeat is older than the grace period (their worker died); the
+   storage's stale-trial callback queues each again as a WAITING trial with the same
+   parameters;
+2. counts the COMPLETE and RUNNING trials: the study is done at its target of COMPLETE
+   trials; while COMPLETE + RUNNING reach the target, the worker waits (a RUNNING trial may
+   yet fail and be retried);
+3. otherwise asks Optuna for a trial, which takes a WAITING one first (the baseline, a retry),
+   and records the trial's first heartbeat before the lock is released, so that no trial is
+   ever RUNNING without one (Optuna never fails a trial that has no heartbeat).
+
+So the study never has more than its target of COMPLETE trials, no trial is run twice at once,
+and a dead worker's trial is run again by a survivor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+
+from tuner.study import enqueue_baseline, make_sampler
+from tuner.worker.shared import SharedStudy, quiet_optuna_warnings
+
+WORKER_ATTR = "worker"
+"""User attribute naming the worker that claimed a trial."""
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """Run this trial."""
+
+    trial: optuna.Trial
+    retry_of: int | None
+    """The number of the trial it retries (whose worker died), if any."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The target is reached by COMPLETE and RUNNING trials: wait for the running ones."""
+
+    running: int
+
+
+@dataclass(frozen=True)
+class Done:
+    """The study has its target of COMPLETE trials."""
+
+    complete: int
+
+
+Claim = Claimed | Wait | Done
+
+
+def claim_trial(shared: SharedStudy) -> Claim:
+    """The next trial for this worker, or why there is none (see the module's docstring)."""
+    study, plan = shared.study, shared.plan
+    with shared.store.study_lock(shared.record), quiet_optuna_warnings():
+        optuna.storages.fail_stale_trials(study)
+        trials = study.get_trials(deepcopy=False)
+        if not trials:
+            enqueue_baseline(study, plan, shared.engine)
+        complete = sum(t.state == TrialState.COMPLETE for t in trials)
+        running = sum(t.state == TrialState.RUNNING for t in trials)
+        if complete >= plan.trials:
+            return Done(complete)
+        if complete + running >= plan.trials:
+            return Wait(running)
+        # The seed differs for every trial created, whichever worker creates it: a popped
+        # WAITING trial keeps the parameters it was queued with.
+        study.sampler = make_sampler(plan.sampler, plan.seed + len(trials), plan.startup_trials)
+        trial = study.ask()
+        shared.heartbeat.record_heartbeat(trial._trial_id)
+        trial.set_user_attr(WORKER_ATTR, shared.worker)
+        retry_of = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen_trial(trial))
+        return Claimed(trial, retry_of)
+
+
+def give_up(shared: SharedStudy, trial: optuna.Trial) -> int | None:
+    """Fail a trial this worker will not finish (Ctrl-C) and queue its parameters again, under
+    the lock, for the next claim of any worker. Returns the failed trial's number, or ``None``
+    when another worker had already failed it as stale."""
+    with shared.store.study_lock(shared.record), quiet_optuna_warnings():
+        # Only claims fail stale trials, under this same lock: the state cannot change here.
+        if frozen_trial(trial).state.is_finished():
+            return None
+        frozen = shared.study.tell(trial, state=TrialState.FAIL)
+        # Not the trial's fault: queued again whatever its retries so far.
+        RetryHeartbeatStaleTrialCallback()(shared.study, frozen)
+        return frozen.number
+
+
+def frozen_trial(trial: optuna.Trial) -> optuna.trial.FrozenTrial:
+    """The trial as stored now (Optuna's ask/tell API has no public accessor for this)."""
+    return trial.study._storage.get_trial(trial._trial_id)

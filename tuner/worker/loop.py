@@ -1,0 +1,99 @@
+"""A worker's loop: claim a trial, run it with heartbeats, tell the result; wait while other
+workers' trials run; stop when the study has its target of COMPLETE trials."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.study import StudyProgress, TrialResult, _Objective
+from tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
+from tuner.worker.heartbeat import Heartbeat
+from tuner.worker.shared import SharedStudy, quiet_optuna_warnings
+
+
+@dataclass
+class WorkerEvents:
+    """Callbacks for a display; all optional."""
+
+    claimed: Callable[[Claimed], None] = lambda claim: None
+    finished: Callable[[TrialResult], None] = lambda result: None
+    waiting: Callable[[Wait], None] = lambda wait: None
+    lost: Callable[[int], None] = lambda number: None
+    """A trial this worker was running was failed as stale by another worker (its heartbeats
+    were late by more than the grace period) and queued again; this worker's result is dropped."""
+    gave_up: Callable[[int | None], None] = lambda number: None
+    """Ctrl-C: the running trial (its number) was failed and queued again."""
+
+
+@dataclass(frozen=True)
+class WorkerSummary:
+    ran: int
+    """Trials this worker completed."""
+    complete: int
+    """COMPLETE trials of the study when the worker stopped."""
+
+
+def run_worker(
+    shared: SharedStudy, heartbeat_interval: float, events: WorkerEvents | None = None
+) -> WorkerSummary:
+    """Run trials of the shared study until it has its target of COMPLETE trials.
+
+    Ctrl-C (KeyboardInterrupt) propagates after the running trial is failed and queued again
+    for the next claim (see :func:`give_up`); nothing else is left behind.
+    """
+    events = events or WorkerEvents()
+    ran = 0
+    was_waiting = False
+    while True:
+        claim = claim_trial(shared)
+        if isinstance(claim, Done):
+            return WorkerSummary(ran=ran, complete=claim.complete)
+        if isinstance(claim, Wait):
+            if not was_waiting:
+                events.waiting(claim)
+            was_waiting = True
+            time.sleep(heartbeat_interval)  # poll: a dead worker's trial becomes claimable
+            continue
+        was_waiting = False
+        events.claimed(claim)
+        ran += _run_trial(shared, claim.trial, heartbeat_interval, events)
+
+
+def _run_trial(
+    shared: SharedStudy, trial: optuna.Trial, heartbeat_interval: float, events: WorkerEvents
+) -> bool:
+    """Run one claimed trial and tell its result; whether it was completed."""
+    study = shared.study
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    objective = _Objective(
+        shared.plan,
+        shared.engine,
+        shared.store,
+        shared.record,
+        StudyProgress(on_trial=events.finished),
+        finished,
+    )
+    try:
+        with Heartbeat(shared.heartbeat, trial._trial_id, heartbeat_interval):
+            values = objective(trial)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        events.lost(trial.number)
+        return False
+    except KeyboardInterrupt:
+        events.gave_up(give_up(shared, trial))
+        raise
+    except BaseException:
+        with quiet_optuna_warnings():
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        raise
+    with quiet_optuna_warnings():
+        told = study.tell(trial, values, skip_if_finished=True)
+    if told.state != TrialState.COMPLETE:
+        events.lost(trial.number)
+        return False
+    return True
