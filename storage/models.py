@@ -5,6 +5,9 @@ engine and model. ``tuner_engine_versions``: each engine build seen (``vllm --ve
 simulator's version and profile). ``tuner_trials``: one row per finished trial: knob values,
 the settings it ran with, the serve command, the engine version, the fully resolved engine
 config, the trace identity, the metrics summary, SLO verdicts, status and failure reason.
+``tuner_nightly_runs``: one row per ``tune nightly`` run: the generation's study, the trace and
+engine version of the night, the incumbent and challenger with their measurements, and the
+decision.
 """
 
 from __future__ import annotations
@@ -93,3 +96,32 @@ class TrialRecord(Base):
 
     study: Mapped[StudyRecord] = relationship(back_populates="trials")
     engine_version: Mapped[EngineVersion] = relationship()
+
+
+class NightlyRun(Base):
+    __tablename__ = "tuner_nightly_runs"
+    __table_args__ = (UniqueConstraint("family", "generation"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    family: Mapped[str] = mapped_column(String(255))
+    """The ``--study`` name of ``tune nightly``; generation N is the study ``FAMILY-gN``."""
+    generation: Mapped[int] = mapped_column(Integer)
+    study_name: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    trace_path: Mapped[str] = mapped_column(Text)
+    trace_sha256: Mapped[str] = mapped_column(String(64))
+    trace_stats: Mapped[dict[str, Any]] = mapped_column(JSON)
+    engine_version: Mapped[str] = mapped_column(String(255))
+    incumbent: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """The settings deployed before this run (``None`` on the first night)."""
+    incumbent_runs: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    challenger: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    challenger_runs: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    decision: Mapped[str] = mapped_column(String(16))
+    """``promote``, ``keep`` or ``none`` (nothing met the SLOs)."""
+    reason: Mapped[str] = mapped_column(Text)
+    deployed: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """The settings to serve after this run (the incumbent of the next night)."""
+    serve_command: Mapped[str | None] = mapped_column(Text, nullable=True)
+    report_path: Mapped[str] = mapped_column(Text)
+    wall_s: Mapped[float] = mapped_column(Float)

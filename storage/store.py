@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
-from storage.models import Base, EngineVersion, StudyRecord, TrialRecord
+from storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
 from tuner.errors import TunerError
 
 
@@ -115,6 +115,22 @@ class TunerStore:
                     study_id=study.id, engine_version_id=engine_version.id, **_json_safe(fields)
                 )
             )
+
+    def last_nightly(self, family: str) -> NightlyRun | None:
+        """The latest ``tune nightly`` run of a study family."""
+        with self.session() as session:
+            return session.scalar(
+                select(NightlyRun)
+                .where(NightlyRun.family == family)
+                .order_by(NightlyRun.generation.desc())
+                .limit(1)
+            )
+
+    def add_nightly(self, run: NightlyRun) -> None:
+        for column in NightlyRun.__table__.columns:
+            setattr(run, column.name, _json_safe(getattr(run, column.name)))
+        with self.session() as session, session.begin():
+            session.add(run)
 
     def trials(self, study: StudyRecord) -> Sequence[TrialRecord]:
         with self.session() as session:

@@ -256,7 +256,7 @@ class _Objective:
             values = [multiplier]
         else:
             run = self.engine.run(plan.trace, settings, plan.abort_rule)
-            verdict = _verdict(run, plan.slos, plan.error_budget)
+            verdict = verdict_of(run, plan.slos, plan.error_budget)
             values = [_objective_value(run, o.name) for o in plan.objectives]
         values = self._pessimistic(values, failed=bool(run.failure) or run.metrics is None)
         self._note_values(values)
@@ -346,7 +346,8 @@ def _objective_value(run: EngineRun, name: str) -> float:
     return bounded_statistic(measured, run.cut_short.lower_bounds.get(name))
 
 
-def _verdict(run: EngineRun, slos: tuple[Slo, ...], error_budget: float) -> Verdict:
+def verdict_of(run: EngineRun, slos: tuple[Slo, ...], error_budget: float) -> Verdict:
+    """How a run fared against the SLOs; a run that failed never passes."""
     if run.metrics is None:
         constraints = {slo.name: UNMEASURED for slo in slos}
         constraints[ERRORS] = 1.0
@@ -381,7 +382,7 @@ def capacity_search(
 
     def evaluate(multiplier: float) -> tuple[EngineRun, Verdict]:
         run = engine.run(scale_rate(trace, multiplier), settings, abort_rule)
-        return run, _verdict(run, slos, error_budget)
+        return run, verdict_of(run, slos, error_budget)
 
     low_bound, high_bound = bounds
     multiplier = 1.0

@@ -7,6 +7,7 @@ import sys
 import typer
 
 from tuner import __version__
+from tuner.cli.nightly_cmd import nightly_command
 from tuner.cli.run_cmd import export_command, pareto_command, run_command
 from tuner.cli.simulate_cmd import simulate_command
 from tuner.cli.trace_cmd import trace_app
@@ -25,6 +26,7 @@ app.command("run")(run_command)
 app.command("pareto")(pareto_command)
 app.command("export")(export_command)
 app.command("worker")(worker_command)
+app.command("nightly")(nightly_command)
 app.command("simulate")(simulate_command)
 
 EXIT_BAD_INPUT = 2

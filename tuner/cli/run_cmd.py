@@ -17,7 +17,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from objectives.scoring import Objective
 from objectives.slo import format_seconds, parse_slos
 from search_spaces.knobs import KNOBS
-from search_spaces.space import build_space, load_space_file, parse_assignments, parse_value
+from search_spaces.space import (
+    SearchSpace,
+    build_space,
+    load_space_file,
+    parse_assignments,
+    parse_value,
+)
 from storage.store import TunerStore, redact_url
 from tuner.cli.engine_options import (
     EngineOpt,
@@ -43,6 +49,7 @@ from tuner.cli.options import (
     shape_options,
 )
 from tuner.cli.simulate_cmd import DEFAULT_PROFILE
+from tuner.engines.base import TrialEngine
 from tuner.engines.real.guard import DEFAULT_HANG_TIMEOUT_S
 from tuner.errors import TunerError
 from tuner.report import export, render_summary, summarize_study
@@ -56,18 +63,52 @@ DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 EXIT_INTERRUPTED = 130
 
 StorageOpt = Annotated[
-    str, typer.Option("--storage", help="Study database URL (SQLite file or PostgreSQL).")
+    str,
+    typer.Option(
+        "--storage",
+        envvar="TUNE_STORAGE",
+        help="Study database URL (SQLite file or PostgreSQL); from $TUNE_STORAGE when not "
+        "given, which keeps a password out of command lines and process lists.",
+    ),
 ]
 StudyOpt = Annotated[
     str | None, typer.Option("--study", help="Study name (default: TRACE-OBJECTIVE).")
 ]
 
 
+TraceOpt = Annotated[Path, typer.Option("--trace", help="Trace file to replay.")]
+SloOpt = Annotated[
+    list[str], typer.Option("--slo", help="SLO like p99_tpot=50ms or p95_ttft=2s (repeatable).")
+]
+ModelOpt = Annotated[str, typer.Option("--model", help="Model named in serve lines.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Sampler seed.")]
+SpaceOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--space", help="Knob range, e.g. max_num_batched_tokens=256..16384 (repeatable)."
+    ),
+]
+SpaceFileOpt = Annotated[
+    Path | None, typer.Option("--space-file", help="YAML file of knob ranges.")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Fixed engine setting, e.g. max_model_len=32768 (repeatable)."),
+]
+ErrorBudgetOpt = Annotated[
+    float,
+    typer.Option(
+        "--error-budget",
+        min=0,
+        max=1,
+        help="Share of requests allowed to fail without violating the SLOs.",
+    ),
+]
+
+
 def run_command(
-    trace_file: Annotated[Path, typer.Option("--trace", help="Trace file to replay.")],
-    slo: Annotated[
-        list[str], typer.Option("--slo", help="SLO like p99_tpot=50ms or p95_ttft=2s (repeatable).")
-    ],
+    trace_file: TraceOpt,
+    slo: SloOpt,
     objective: Annotated[
         str,
         typer.Option(
@@ -86,9 +127,7 @@ def run_command(
         ),
     ] = False,
     engine: EngineOpt = "sim",
-    model: Annotated[
-        str, typer.Option("--model", help="Model named in serve lines.")
-    ] = DEFAULT_MODEL,
+    model: ModelOpt = DEFAULT_MODEL,
     profile: ProfileOpt = DEFAULT_PROFILE,
     study_name: StudyOpt = None,
     storage: StorageOpt = DEFAULT_STORAGE,
@@ -96,32 +135,14 @@ def run_command(
         float | None,
         typer.Option("--timeout", min=0, help="Stop starting trials after this many seconds."),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
+    seed: SeedOpt = 0,
     sampler: Annotated[
         str, typer.Option("--sampler", help="tpe (multivariate TPE) or random.")
     ] = "tpe",
-    space: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--space", help="Knob range, e.g. max_num_batched_tokens=256..16384 (repeatable)."
-        ),
-    ] = None,
-    space_file: Annotated[
-        Path | None, typer.Option("--space-file", help="YAML file of knob ranges.")
-    ] = None,
-    set_values: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Fixed engine setting, e.g. max_model_len=32768 (repeatable)."),
-    ] = None,
-    error_budget: Annotated[
-        float,
-        typer.Option(
-            "--error-budget",
-            min=0,
-            max=1,
-            help="Share of requests allowed to fail without violating the SLOs.",
-        ),
-    ] = 0.0,
+    space: SpaceOpt = None,
+    space_file: SpaceFileOpt = None,
+    set_values: SetOpt = None,
+    error_budget: ErrorBudgetOpt = 0.0,
     capacity_tolerance: Annotated[
         float,
         typer.Option(
@@ -168,14 +189,16 @@ def run_command(
         log_dir=log_dir,
         hang_timeout_s=hang_timeout,
     )
-    fixed = {k: parse_value(v) for k, v in parse_assignments(set_values or [], "--set").items()}
-    overrides = load_space_file(space_file) if space_file else {}
-    overrides.update(parse_assignments(space or [], "--space"))
-    trial_engine.validate_fixed(fixed)  # unknown --set names fail here, before any work
-    search = build_space(trial_engine.capabilities, overrides, fixed)
-    max_model_len = trial_engine.max_model_len(fixed)
+    search = search_space_for(trial_engine, set_values, space, space_file)
     options = shape_options(
-        start, duration, rate_scale, max_model_len, "clip", max_requests, dequantize, jitter_seed
+        start,
+        duration,
+        rate_scale,
+        trial_engine.max_model_len(search.fixed),
+        "clip",
+        max_requests,
+        dequantize,
+        jitter_seed,
     )
     trace = load_trace(str(trace_file), format, sort=sort, options=options)
     name = study_name or f"{trace_file.stem}-{objective}"
@@ -197,14 +220,8 @@ def run_command(
         early_abort=early_abort,
     )
     err = Console(stderr=True, highlight=False)
-    err.print(f"study {name} on {trace_file} ({len(trace):,} requests) with {trial_engine.version}")
-    for line in search.describe():
-        err.print(f"  search {line}")
-    for dropped in search.dropped:
-        err.print(f"  dropped {dropped}")
-    for note in trace.adjustments:
-        err.print(f"  trace: {note}")
-    _quiet_optuna()
+    print_study_header(err, plan, trace_file, trial_engine.version)
+    quiet_optuna()
     store = TunerStore(storage)
     opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
     store.record_definition(opened[1], trials, definition_of(plan, sort=sort))
@@ -217,7 +234,7 @@ def run_command(
         return
     interrupted = False
     # A line per trial when trials take minutes (a real engine); the bar alone otherwise.
-    with _ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display:
+    with ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display:
         try:
             study = run_study(plan, trial_engine, store, display.progress, opened)
         except KeyboardInterrupt:
@@ -230,12 +247,40 @@ def run_command(
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _quiet_optuna() -> None:
+def search_space_for(
+    trial_engine: TrialEngine,
+    set_values: list[str] | None,
+    space: list[str] | None,
+    space_file: Path | None,
+) -> SearchSpace:
+    """The search space from ``--set``, ``--space`` and ``--space-file``, for this engine
+    (unknown ``--set`` names fail here, before any work)."""
+    fixed = {k: parse_value(v) for k, v in parse_assignments(set_values or [], "--set").items()}
+    overrides = load_space_file(space_file) if space_file else {}
+    overrides.update(parse_assignments(space or [], "--space"))
+    trial_engine.validate_fixed(fixed)
+    return build_space(trial_engine.capabilities, overrides, fixed)
+
+
+def print_study_header(console: Console, plan: StudyPlan, trace_file: Path, version: str) -> None:
+    """What is about to be tuned: the study, the trace, the engine, the space."""
+    console.print(
+        f"study {plan.name} on {trace_file} ({len(plan.trace):,} requests) with {version}"
+    )
+    for line in plan.space.describe():
+        console.print(f"  search {line}")
+    for dropped in plan.space.dropped:
+        console.print(f"  dropped {dropped}")
+    for note in plan.trace.adjustments:
+        console.print(f"  trace: {note}")
+
+
+def quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     logging.getLogger("optuna").setLevel(logging.ERROR)
 
 
-class _ProgressDisplay:
+class ProgressDisplay:
     """A progress bar with the best feasible result so far."""
 
     def __init__(self, console: Console, plan: StudyPlan, verbose: bool = False) -> None:
@@ -253,7 +298,7 @@ class _ProgressDisplay:
         self.best: TrialResult | None = None
         self.progress = StudyProgress(on_start=self._start, on_trial=self._trial)
 
-    def __enter__(self) -> _ProgressDisplay:
+    def __enter__(self) -> ProgressDisplay:
         self.bar.start()
         return self
 
@@ -316,7 +361,7 @@ def _load(storage: str, name: str | None) -> tuple[TunerStore, optuna.Study, str
         raise TunerError(
             f"--study {name}: no such study in {storage} (studies: {', '.join(names) or 'none'})"
         )
-    _quiet_optuna()
+    quiet_optuna()
     return store, optuna.load_study(study_name=name, storage=storage), name
 
 

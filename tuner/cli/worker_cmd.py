@@ -29,7 +29,7 @@ from tuner.cli.run_cmd import (
     DEFAULT_STORAGE,
     EXIT_INTERRUPTED,
     StorageOpt,
-    _quiet_optuna,
+    quiet_optuna,
     trial_line,
 )
 from tuner.cli.simulate_cmd import DEFAULT_PROFILE
@@ -86,7 +86,7 @@ def worker_command(
     target of trials; the study comes from `tune run ... --create-only`."""
     if grace <= heartbeat:
         raise TunerError(f"--grace {grace}: must be longer than --heartbeat {heartbeat}")
-    _quiet_optuna()
+    quiet_optuna()
     store = TunerStore(storage)
     record = store.get_study(study_name)
     if record is None:

@@ -54,6 +54,8 @@ class TrialEngine(Protocol):
 
     capabilities: EngineCapabilities
     name: str
+    version: str
+    """What every trial records as the engine's version (``vllm --version``)."""
 
     def validate_fixed(self, fixed: dict[str, Any]) -> None:
         """Raise :class:`TunerError` for a ``--set`` the engine cannot take."""

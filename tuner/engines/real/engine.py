@@ -81,6 +81,7 @@ class VllmEngine:
     """Trials on real vLLM servers, one per trial."""
 
     name = "vllm"
+    deterministic = False
 
     def __init__(
         self,

@@ -21,6 +21,8 @@ class SimEngine:
     """Runs trials on the simulated vLLM V1 scheduler with a step-time profile."""
 
     name = "sim"
+    deterministic = True
+    """The same trace and settings always give the same run."""
 
     def __init__(self, profile: ConstantProfile | RooflineProfile) -> None:
         self.profile = profile

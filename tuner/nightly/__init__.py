@@ -1,0 +1,1 @@
+"""``tune nightly``: retune on the night's trace and promote only what is really better."""

@@ -1,0 +1,252 @@
+"""One night of retuning: a new generation of the study, warm-started from the last one; the
+incumbent re-measured on the night's trace; a search within a trial budget and a deadline;
+the best challenger re-measured; the promotion rule (:mod:`tuner.nightly.promotion`); a
+dated report and the serve lines of whatever is deployed next.
+
+Generation N of the family ``NAME`` is the study ``NAME-gN`` (``tune pareto --study NAME-gN``
+shows it); ``tuner_nightly_runs`` records each night. A night that was interrupted resumes
+its generation when run again with the same trace.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import CategoricalDistribution, IntDistribution
+
+from objectives.scoring import statistic
+from search_spaces.knobs import KNOBS
+from search_spaces.render import serve_command
+from search_spaces.space import knob_availability
+from storage.models import NightlyRun
+from storage.store import TunerStore
+from tuner.engines.base import TrialEngine
+from tuner.nightly.promotion import DEFAULT_MIN_GAIN, Decision, Measurement, decide
+from tuner.nightly.report import write_outputs
+from tuner.report import summarize_study
+from tuner.study import (
+    StudyPlan,
+    StudyProgress,
+    enqueue_baseline,
+    open_study,
+    run_study,
+    verdict_of,
+)
+from tuner.trace.stats import trace_stats
+
+EXIT_KEPT = 0
+EXIT_PROMOTED = 3
+EXIT_NOTHING_MEETS_SLOS = 4
+EXIT_CODES = {"keep": EXIT_KEPT, "promote": EXIT_PROMOTED, "none": EXIT_NOTHING_MEETS_SLOS}
+
+
+@dataclass(frozen=True)
+class NightlyPlan:
+    """What ``tune nightly`` was asked to do."""
+
+    family: str
+    plan: StudyPlan
+    """The study plan of the night (its name is replaced by the generation's)."""
+    report_dir: Path
+    repeats: int = 3
+    """Runs per configuration when re-measuring (1 on a deterministic engine)."""
+    min_gain: float = DEFAULT_MIN_GAIN
+    deadline_s: float | None = None
+    """Wall-clock limit for the whole night; the search gets what the measurements leave."""
+
+
+@dataclass(frozen=True)
+class NightlyOutcome:
+    generation: int
+    study_name: str
+    decision: Decision
+    deployed: dict[str, Any] | None
+    serve_command: str | None
+    report_path: Path
+    engine_changed: bool
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.decision.action]
+
+
+def retune(
+    nightly: NightlyPlan,
+    engine: TrialEngine,
+    store: TunerStore,
+    progress: StudyProgress | None = None,
+    say: Callable[[str], None] = lambda text: None,
+) -> NightlyOutcome:
+    """Run one night (see the module docstring)."""
+    started, started_at = time.monotonic(), datetime.now(timezone.utc)
+    previous = store.last_nightly(nightly.family)
+    generation = previous.generation + 1 if previous else 1
+    plan = replace(nightly.plan, name=f"{nightly.family}-g{generation}")
+    incumbent = previous.deployed if previous else None
+    engine_changed = previous is not None and previous.engine_version != engine.version
+    if engine_changed:
+        say(f"engine changed: {previous.engine_version} → {engine.version}")  # type: ignore[union-attr]
+    repeats = 1 if getattr(engine, "deterministic", False) else nightly.repeats
+
+    incumbent_runs = None
+    if incumbent is not None:
+        unavailable = unavailable_settings(incumbent, engine)
+        if unavailable:
+            say(f"the incumbent cannot run on {engine.version}: {unavailable}")
+        else:
+            say(f"re-measuring the incumbent ({repeats} run{'s' * (repeats > 1)})")
+            incumbent_runs = measure(engine, plan, incumbent, repeats)
+    measuring_s = time.monotonic() - started
+
+    study, record = open_study(plan, store, engine)
+    if not study.trials:
+        enqueue_baseline(study, plan, engine)
+        warm = _warm_start(study, plan, store, previous, incumbent)
+        if warm:
+            say(f"warm start: {warm} configurations of the previous generation queued first")
+    timeout = None
+    if nightly.deadline_s is not None:
+        # Leave as much time for re-measuring the challenger as the incumbent took.
+        timeout = nightly.deadline_s - (time.monotonic() - started) - max(measuring_s, 0.0)
+    if timeout is None or timeout > 0:
+        searched = replace(plan, timeout_s=timeout)
+        study = run_study(searched, engine, store, progress, (study, record))
+    else:
+        say("the deadline left no time to search: the incumbent is kept if it holds")
+
+    summary = summarize_study(study, record, store.trials(record))
+    challenger = summary.recommended.settings if summary.recommended else None
+    if challenger is not None and incumbent is not None and _same(challenger, incumbent):
+        challenger = None  # the search's best is the incumbent itself
+    challenger_runs = None
+    if challenger is not None:
+        say(f"re-measuring the challenger ({repeats} run{'s' * (repeats > 1)})")
+        challenger_runs = measure(engine, plan, challenger, repeats)
+
+    decision = decide(incumbent_runs, challenger_runs, nightly.min_gain)
+    deployed = challenger if decision.action == "promote" else incumbent
+    command = serve_command(plan.model, deployed, engine.capabilities) if deployed else None
+    night = NightlyRun(
+        family=nightly.family,
+        generation=generation,
+        study_name=plan.name,
+        started_at=started_at,
+        trace_path=record.trace_path,
+        trace_sha256=record.trace_sha256,
+        trace_stats=trace_stats(plan.trace).as_dict() if len(plan.trace) else {},
+        engine_version=engine.version,
+        incumbent=incumbent,
+        incumbent_runs=[_as_record(m) for m in incumbent_runs or []],
+        challenger=challenger,
+        challenger_runs=[_as_record(m) for m in challenger_runs or []],
+        decision=decision.action,
+        reason=decision.reason,
+        deployed=deployed,
+        serve_command=command,
+        report_path="",
+        wall_s=0.0,
+    )
+    night.wall_s = time.monotonic() - started
+    report_path = write_outputs(nightly, night, previous, summary, engine.capabilities)
+    night.report_path = str(report_path)
+    store.add_nightly(night)
+    return NightlyOutcome(
+        generation=generation,
+        study_name=plan.name,
+        decision=decision,
+        deployed=deployed,
+        serve_command=command,
+        report_path=report_path,
+        engine_changed=engine_changed,
+    )
+
+
+def measure(
+    engine: TrialEngine, plan: StudyPlan, settings: Mapping[str, Any], repeats: int
+) -> list[Measurement]:
+    """Run one configuration ``repeats`` times on the night's trace, to the end (no early
+    abort: these runs decide what is deployed)."""
+    runs = []
+    for _ in range(repeats):
+        run = engine.run(plan.trace, dict(settings))
+        verdict = verdict_of(run, plan.slos, plan.error_budget)
+        values = {
+            slo.name: statistic(run.metrics, slo.name) if run.metrics else math.nan
+            for slo in plan.slos
+        }
+        runs.append(Measurement(verdict.feasible, verdict.min_slack, values, run.failure))
+    return runs
+
+
+def unavailable_settings(settings: Mapping[str, Any], engine: TrialEngine) -> str:
+    """Why this engine cannot take these settings (a knob its version lacks), or ''."""
+    reasons = []
+    for name in settings:
+        knob = KNOBS.get(name)
+        reason = knob_availability(knob, engine.capabilities) if knob else None
+        if reason:
+            reasons.append(f"{name}: {reason}")
+    return "; ".join(reasons)
+
+
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return {k: v for k, v in a.items() if v is not None} == {
+        k: v for k, v in b.items() if v is not None
+    }
+
+
+def _warm_start(
+    study: optuna.Study,
+    plan: StudyPlan,
+    store: TunerStore,
+    previous: NightlyRun | None,
+    incumbent: Mapping[str, Any] | None,
+) -> int:
+    """Queue the incumbent and the previous generation's Pareto set first (by the parameters
+    they were sampled with); those outside tonight's space (a new engine version, other
+    ranges) are left out."""
+    record = store.get_study(previous.study_name) if previous is not None else None
+    if record is None:
+        return 0
+    try:
+        last = optuna.load_study(study_name=record.name, storage=plan.storage_url)
+    except KeyError:
+        return 0
+    trials = store.trials(record)
+    chosen = list(summarize_study(last, record, trials).pareto)
+    if incumbent is not None:
+        chosen += [trial for trial in trials if _same(trial.settings, incumbent)][:1]
+    distributions = plan.space.distributions()
+    queued: list[dict[str, Any]] = []
+    for trial in chosen:
+        params = trial.params
+        if params in queued or set(params) != set(distributions):
+            continue
+        if all(_within(distributions[name], value) for name, value in params.items()):
+            study.enqueue_trial(params, skip_if_exists=True)
+            queued.append(params)
+    return len(queued)
+
+
+def _within(distribution: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    if isinstance(distribution, IntDistribution):
+        return isinstance(value, int) and distribution.low <= value <= distribution.high
+    if isinstance(distribution, CategoricalDistribution):
+        return value in distribution.choices
+    return False
+
+
+def _as_record(measurement: Measurement) -> dict[str, Any]:
+    return {
+        "feasible": measurement.feasible,
+        "headroom": measurement.headroom,
+        "values": measurement.values,
+        "failure": measurement.failure,
+    }
