@@ -108,7 +108,7 @@ def test_ctrl_c_keeps_finished_trials_and_the_study_resumes(
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
     from tuner.cli import run_cmd
 
-    original = run_cmd._ProgressDisplay._trial
+    original = run_cmd.ProgressDisplay._trial
     calls = {"n": 0}
 
     def interrupt_after_three(self, result) -> None:
@@ -117,13 +117,13 @@ def test_ctrl_c_keeps_finished_trials_and_the_study_resumes(
         if calls["n"] == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(run_cmd._ProgressDisplay, "_trial", interrupt_after_three)
+    monkeypatch.setattr(run_cmd.ProgressDisplay, "_trial", interrupt_after_three)
     code, _out, err = tune(*run_args(storage, 6))
     assert code == 130 and "interrupted" in err
     study = optuna.load_study(study_name="s", storage=storage)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(complete) == 2  # the third was interrupted inside its objective
-    monkeypatch.setattr(run_cmd._ProgressDisplay, "_trial", original)
+    monkeypatch.setattr(run_cmd.ProgressDisplay, "_trial", original)
     code, _, err = tune(*run_args(storage, 6))
     assert code == 0, err
     study = optuna.load_study(study_name="s", storage=storage)
