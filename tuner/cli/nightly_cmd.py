@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -31,6 +32,7 @@ from tuner.cli.options import (
     RateScaleOpt,
     SortOpt,
     StartOpt,
+    interrupt,
     shape_options,
 )
 from tuner.cli.run_cmd import (
@@ -184,6 +186,7 @@ def nightly_command(
     def say(text: str) -> None:
         err.print(escape(f"nightly {study}: {text}"), soft_wrap=True)
 
+    previous = signal.signal(signal.SIGTERM, interrupt)  # a stopped service: as Ctrl-C
     try:
         with ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display:
             outcome = retune(nightly, trial_engine, store, display.progress, say)
@@ -193,6 +196,8 @@ def nightly_command(
             "generation"
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     out = Console(highlight=False, soft_wrap=True)
     out.print(
         f"generation {outcome.generation} ({outcome.study_name}): "

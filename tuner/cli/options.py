@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -122,3 +123,9 @@ def json_safe(value: object) -> object:
     if isinstance(value, list):
         return [json_safe(item) for item in value]
     return value
+
+
+def interrupt(signum: int, frame: FrameType | None) -> None:
+    """A SIGTERM handler (a stopped container or service): stop as on Ctrl-C, so the running
+    trial's server is stopped and finished trials are kept."""
+    raise KeyboardInterrupt

@@ -6,7 +6,6 @@ import os
 import signal
 import socket
 from pathlib import Path
-from types import FrameType
 from typing import Annotated
 
 import typer
@@ -25,6 +24,7 @@ from tuner.cli.engine_options import (
     VllmPythonOpt,
     build_engine,
 )
+from tuner.cli.options import interrupt
 from tuner.cli.run_cmd import (
     DEFAULT_STORAGE,
     EXIT_INTERRUPTED,
@@ -133,7 +133,7 @@ def worker_command(
         f"study {plan.name} ({plan.trials} trials) in {redact_url(storage)}, "
         f"{len(plan.trace):,} requests, on {trial_engine.version}"
     )
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # a stopped container: as Ctrl-C
+    previous = signal.signal(signal.SIGTERM, interrupt)  # a stopped container: as Ctrl-C
     try:
         summary = run_worker(shared, heartbeat, display.events())
     except KeyboardInterrupt:
@@ -186,7 +186,3 @@ class _WorkerDisplay:
             self.say("interrupted")
         else:
             self.say(f"interrupted: trial {number} marked failed and queued for another worker")
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
