@@ -213,12 +213,12 @@ def run_study(
     progress.on_start(len(finished), remaining)
     if remaining == 0:
         return study
-    objective = _Objective(plan, engine, store, record, progress, finished)
+    objective = TrialObjective(plan, engine, store, record, progress, finished)
     study.optimize(objective, n_trials=remaining, timeout=plan.timeout_s, catch=())
     return study
 
 
-class _Objective:
+class TrialObjective:
     """Optuna's objective: one trial = one engine run (or a capacity bisection)."""
 
     def __init__(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
-from tuner.study import StudyProgress, TrialResult, _Objective
+from tuner.study import StudyProgress, TrialObjective, TrialResult
 from tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
 from tuner.worker.heartbeat import Heartbeat
 from tuner.worker.shared import SharedStudy, quiet_optuna_warnings
@@ -70,7 +70,7 @@ def _run_trial(
     """Run one claimed trial and tell its result; whether it was completed."""
     study = shared.study
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    objective = _Objective(
+    objective = TrialObjective(
         shared.plan,
         shared.engine,
         shared.store,
