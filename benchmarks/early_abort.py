@@ -29,7 +29,7 @@ from storage.store import TunerStore  # noqa: E402
 from tests.test_vllm_launcher import TINY_LLAMA  # noqa: E402
 
 SERVER_ARGS = [
-    "--server-arg", "--load-format dummy --skip-tokenizer-init --enforce-eager",
+    "--server-arg", "--load-format dummy --skip-tokenizer-init --enforce-eager --dtype float32",
     "--server-arg", f"--kv-cache-memory-bytes {256 * 2**20}",
     "--server-env", "HF_HUB_OFFLINE=1",
     "--set", "max_model_len=2048",

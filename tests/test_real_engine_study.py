@@ -15,7 +15,7 @@ from storage.store import TunerStore
 from tests.conftest import vllm_python
 from tests.test_vllm_launcher import TINY_LLAMA
 
-SERVER_ARGS = "--load-format dummy --skip-tokenizer-init --enforce-eager"
+SERVER_ARGS = "--load-format dummy --skip-tokenizer-init --enforce-eager --dtype float32"
 KV_BYTES = f"--kv-cache-memory-bytes {256 * 2**20}"
 
 

