@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import create_engine, select, update
+from sqlalchemy import create_engine, inspect, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
@@ -36,6 +36,7 @@ class TunerStore:
         try:
             self.engine: Engine = create_engine(url, future=True)
             Base.metadata.create_all(self.engine)
+            _add_new_columns(self.engine)
         except SQLAlchemyError as exc:
             raise TunerError(
                 f"cannot open the storage {redact_url(url)}: {str(exc).splitlines()[0]}"
@@ -140,6 +141,29 @@ class TunerStore:
                 .options(selectinload(TrialRecord.engine_version))
                 .order_by(TrialRecord.trial_number)
             ).all()
+
+
+def _add_new_columns(engine: Engine) -> None:
+    """Bring a database written by an earlier version up to date: columns added since then are
+    all nullable, so ``ALTER TABLE ... ADD COLUMN`` is the whole migration."""
+    inspector = inspect(engine)
+    missing = [
+        (table, column)
+        for table in Base.metadata.sorted_tables
+        for column in table.columns
+        if column.name not in {c["name"] for c in inspector.get_columns(table.name)}
+    ]
+    if not missing:
+        return
+    with engine.begin() as connection:
+        for table, column in missing:
+            if not column.nullable:
+                raise TunerError(
+                    f"the storage's table {table.name} lacks column {column.name}, which cannot "
+                    "be added to existing rows: use a new database"
+                )
+            kind = column.type.compile(dialect=engine.dialect)
+            connection.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"))
 
 
 def redact_url(url: str) -> str:
