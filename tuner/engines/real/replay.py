@@ -158,7 +158,16 @@ async def replay(
                 sent = time.monotonic()
                 lateness[index] = sent - started - request.arrival_s
                 state.sent_s[index] = sent - started
-                record = await _send(client, index, request, prompts[index], options, state)
+                try:
+                    record = await _send(client, index, request, prompts[index], options, state)
+                except Exception as exc:  # a malformed answer: the request failed, nothing else
+                    record = RequestRecord(
+                        id=request.id,
+                        sent_s=sent - started,
+                        token_times_s=list(state.token_times[index]),
+                        expected_tokens=request.output_tokens,
+                        error=f"bad response: {type(exc).__name__}: {exc}"[:300],
+                    )
                 state.record_end(index, failed=not record.completed)
                 return record
 
