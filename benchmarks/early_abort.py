@@ -15,18 +15,15 @@ Prints a Markdown table and the totals (record them in benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from prefill_tuner.engines.real.cpu_recipe import write_tiny_model
+from prefill_tuner.storage.store import TunerStore
 
-from storage.store import TunerStore  # noqa: E402
-from tests.test_vllm_launcher import TINY_LLAMA  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SERVER_ARGS = [
     "--server-arg", "--load-format dummy --skip-tokenizer-init --enforce-eager --dtype float32",
@@ -67,8 +64,7 @@ def main() -> None:
         parser.error("--trials: at most 8 (TPE's random start-up), so both studies match")
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
-        (work / "tiny-llama").mkdir()
-        (work / "tiny-llama" / "config.json").write_text(json.dumps(TINY_LLAMA))
+        write_tiny_model(work / "tiny-llama")
         subprocess.run(
             [str(ROOT / ".venv" / "bin" / "tune"), "trace", "synth", str(work / "trace.jsonl"),
              "--mix", args.mix, "--rate", args.rate, "--duration", args.duration, "--seed", "1"],

@@ -33,17 +33,17 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-
-from objectives.early_abort import EarlyAbortRule
-from objectives.scoring import judge
-from objectives.slo import Slo, parse_slos
-from search_spaces.space import build_space, effective_settings
-from storage.store import TunerStore
-from tuner.engines.base import EngineRun
-from tuner.engines.sim import load_profile
-from tuner.engines.sim.adapter import SimEngine
-from tuner.study import StudyPlan, run_study
-from tuner.trace import ShapeOptions, Trace, load_trace
+from prefill_tuner.engines.base import EngineRun
+from prefill_tuner.engines.sim import load_profile
+from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.objectives.early_abort import EarlyAbortRule
+from prefill_tuner.objectives.scoring import judge
+from prefill_tuner.objectives.slo import Slo, parse_slos
+from prefill_tuner.plan import StudyPlan
+from prefill_tuner.search_spaces.space import build_space, effective_settings
+from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study import run_study
+from prefill_tuner.trace import ShapeOptions, Trace, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "examples" / "traces"

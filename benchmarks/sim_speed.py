@@ -21,8 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
-from tuner.engines.sim import SimConfig, load_profile, simulate
-from tuner.trace import ShapeOptions, load_trace
+from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
+from prefill_tuner.trace import ShapeOptions, load_trace
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
 CASES = {

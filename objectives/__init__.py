@@ -1,4 +1,4 @@
 """SLOs, metric definitions and percentiles: how a run is measured and judged.
 
-One implementation for every engine (simulator or real vLLM): see DESIGN.md section 5.
+One implementation for every engine (simulator or real vLLM): see docs/metrics.md.
 """

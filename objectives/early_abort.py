@@ -1,6 +1,6 @@
 """The early-abort rule: stop a replay once its SLO verdict can no longer change.
 
-Optuna cannot prune multi-objective trials, so this is our own rule (DESIGN.md section 8).
+Optuna cannot prune multi-objective trials, so this is our own rule (docs/optuna.md).
 While a replay runs, every request's metrics are bounded from below by what has happened so
 far: a request sent 3 s ago without a first token has TTFT ≥ 3 s whatever comes next, one still
 decoding has TPOT ≥ (now − first token) / (output tokens − 1), a request not sent yet has
@@ -18,12 +18,10 @@ misses an ITL SLO is nearly always caught by TPOT or TTFT as well.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from objectives.slo import Slo, format_seconds
+from prefill_tuner.objectives.slo import Slo, format_seconds
 
 BOUNDED_METRICS = ("ttft", "tpot", "e2el")
 """Metrics with a per-request lower bound during the replay."""
@@ -137,8 +135,3 @@ def _statistic_lower_bound(values: np.ndarray, statistic: str, droppable: int) -
     if statistic == "max":
         return float(kept[-1])
     return float(np.percentile(kept, float(statistic.removeprefix("p"))))
-
-
-def bounded(slos: Sequence[Slo]) -> bool:
-    """Whether any of these SLOs can trigger an early abort (ITL ones cannot)."""
-    return any(slo.metric in BOUNDED_METRICS for slo in slos)

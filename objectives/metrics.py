@@ -9,7 +9,7 @@ alone turns records into TTFT, TPOT, ITL and E2E statistics:
   which are left out (and counted).
 - ITL: every gap between consecutive tokens, pooled over requests.
 - A request is *completed* when it produced every expected token without error; anything
-  else is *failed* and counts against the SLOs (DESIGN.md section 5).
+  else is *failed* and counts against the SLOs (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-
-from objectives.percentiles import summarize
+from prefill_tuner.objectives.percentiles import summarize
 
 SUMMARY_PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 

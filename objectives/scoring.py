@@ -3,7 +3,7 @@
 Constraint values follow Optuna's convention: ≤ 0 means met. Each SLO's value is its relative
 excess, ``(measured − limit) / limit``; failures get their own constraint, ``errors``: the
 share of requests that failed minus the allowed error budget, so a run that loses requests
-never looks good unless the user allows it (DESIGN.md section 5).
+never looks good unless the user allows it (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from objectives.metrics import RunMetrics
-from objectives.slo import Slo
+from prefill_tuner.objectives.metrics import RunMetrics
+from prefill_tuner.objectives.slo import Slo
 
 ERRORS = "errors"
 """Name of the failed-requests constraint."""

@@ -12,8 +12,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from objectives.metrics import RunMetrics
-from tuner.errors import TunerError
+from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.metrics import RunMetrics
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 STATISTICS = ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")
@@ -40,11 +40,6 @@ class Slo:
     def value(self, metrics: RunMetrics) -> float:
         """This statistic of the run, in seconds (NaN when nothing was measured)."""
         return getattr(metrics, f"{self.metric}_s")[self.statistic]
-
-    def slack(self, metrics: RunMetrics) -> float:
-        """Relative headroom: 0.2 means 20% under the limit, negative means violated."""
-        value = self.value(metrics)
-        return -math.inf if math.isnan(value) else (self.limit_s - value) / self.limit_s
 
     def __str__(self) -> str:
         return f"{self.name}={format_seconds(self.limit_s)}"

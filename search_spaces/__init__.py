@@ -1,2 +1,2 @@
 """The scheduler knobs the tuner searches: ranges, per-version availability, validity rules
-mirrored from vLLM, and rendering to ``vllm serve`` flags. (Lands with the tuning loop.)"""
+mirrored from vLLM, and rendering to ``vllm serve`` flags."""

@@ -2,7 +2,7 @@
 
 Every knob is a ``vllm serve`` flag. Numeric knobs are searched on a log scale (their effect
 is multiplicative). Which knobs a given engine honours is decided in
-:mod:`search_spaces.availability`.
+:func:`prefill_tuner.search_spaces.space.knob_availability`.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-
-from search_spaces.space import EngineCapabilities
+from prefill_tuner.search_spaces.space import EngineCapabilities
 
 VLLM_NAMES = {"num_gpu_blocks": "num_gpu_blocks_override"}
 """Simulator settings whose ``vllm serve`` flag has another name."""

@@ -17,9 +17,8 @@ from typing import Any
 import optuna
 import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
-
-from search_spaces.knobs import KNOBS, Knob
-from tuner.errors import TunerError
+from prefill_tuner.errors import TunerError
+from prefill_tuner.search_spaces.knobs import KNOBS, Knob
 
 THRESHOLD_SUFFIX = "_log2"
 """Threshold knobs are searched as log2 exponents; the lowest exponent of the range means 0."""

@@ -1,2 +1,2 @@
 """Persistence of runs, trials, engine versions, resolved configs, metrics and step traces
-(SQLAlchemy 2; SQLite by default, PostgreSQL for shared studies). (Lands with the tuning loop.)"""
+(SQLAlchemy 2; SQLite by default, PostgreSQL for shared studies)."""

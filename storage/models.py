@@ -47,7 +47,7 @@ class StudyRecord(Base):
     definition: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     """What ``tune worker`` needs, beyond the columns above, to rebuild the study's plan: the
     searched ranges, whether the trace was sorted, the plan's other options (see
-    ``tuner.worker.definition``). ``None`` for studies recorded before workers existed:
+    ``prefill_tuner.worker.definition``). ``None`` for studies recorded before workers existed:
     ``tune run`` on them records it."""
 
     trials: Mapped[list[TrialRecord]] = relationship(back_populates="study")

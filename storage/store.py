@@ -9,13 +9,12 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
+from prefill_tuner.errors import TunerError
+from prefill_tuner.storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
 from sqlalchemy import create_engine, inspect, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
-
-from storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
-from tuner.errors import TunerError
 
 
 def _json_safe(value: Any) -> Any:
@@ -33,6 +32,8 @@ class TunerStore:
     """The tuner's tables in the study database (created on first use)."""
 
     def __init__(self, url: str) -> None:
+        self.url = url
+        """The database URL, password included (never print it: :func:`redact_url`)."""
         try:
             self.engine: Engine = create_engine(url, future=True)
             Base.metadata.create_all(self.engine)

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-
-from tuner.cli import main
-from tuner.trace.model import Request
+from prefill_tuner.cli import main
+from prefill_tuner.trace.model import Request
 
 # This machine is shared and noisy: judge properties, not timings.
 settings.register_profile("project", deadline=None)

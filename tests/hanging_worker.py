@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tuner.cli import main
-from tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.cli import main
+from prefill_tuner.engines.sim.adapter import SimEngine
 
 
 def hang_at(marker: Path, n: int) -> None:

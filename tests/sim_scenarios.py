@@ -5,9 +5,8 @@ watermark, chunked prefill off, and prefix-cache hits from shared prefix blocks.
 from __future__ import annotations
 
 import numpy as np
-
-from tuner.engines.sim.config import SimConfig
-from tuner.trace.model import Request, Trace
+from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.trace.model import Request, Trace
 
 
 def random_scenario(seed: int) -> tuple[Trace, SimConfig]:

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from prefill_tuner.trace import read_trace
 
 from tests.conftest import AZURE, BURSTGPT, MOONCAKE
-from tuner.trace import read_trace
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
-from objectives.early_abort import EarlyAbortRule, Snapshot
-from objectives.metrics import RequestRecord, summarize_run
-from objectives.scoring import judge, statistic
-from objectives.slo import Slo
+from prefill_tuner.objectives.early_abort import EarlyAbortRule, Snapshot
+from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
+from prefill_tuner.objectives.scoring import judge, statistic
+from prefill_tuner.objectives.slo import Slo
 
 FAILED = "HTTP 500: boom"
 

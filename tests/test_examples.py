@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import prefill_tuner.cli
 import pytest
 import typer.main
 import yaml
+from prefill_tuner.objectives.slo import parse_slos
 
-import tuner.cli
-from objectives.slo import parse_slos
 from tests.conftest import ROOT
 
 NIGHTLY = ROOT / "examples" / "nightly"
@@ -43,7 +43,7 @@ KINDS = {
 }
 WRAPPER_SETS = {"--study", "--trace", "--report-dir", "--log-dir"}
 """Options tune-nightly.sh passes to tune nightly itself (its callers must not)."""
-CLI = typer.main.get_command(tuner.cli.app)
+CLI = typer.main.get_command(prefill_tuner.cli.app)
 """The `tune` command as the console script builds it (typer's click, duck-typed: a group has
 ``commands``; an option has ``param_type_name == "option"``, ``opts`` and ``secondary_opts``)."""
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prefill_tuner.errors import TraceError
+from prefill_tuner.trace import read_trace
 
 from tests.conftest import AZURE, BURSTGPT, MOONCAKE
-from tuner.errors import TraceError
-from tuner.trace import read_trace
 
 SEEDS = {
     "jsonl": b"".join(MOONCAKE.read_bytes().splitlines(keepends=True)[:4]),

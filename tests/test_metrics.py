@@ -1,12 +1,11 @@
-"""Metric definitions (DESIGN.md section 5), shared by every engine."""
+"""Metric definitions (docs/metrics.md), shared by every engine."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from objectives.metrics import RequestRecord, summarize_run
-from objectives.percentiles import percentile, summarize
+from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
+from prefill_tuner.objectives.percentiles import percentile, summarize
 
 
 def test_definitions_match_vllm_bench() -> None:

@@ -9,12 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-
-from search_spaces.space import EngineCapabilities
-from storage.models import NightlyRun
-from storage.store import TunerStore
-from tuner.engines.sim.cost_model import PROFILES_DIR
-from tuner.nightly.retune import EXIT_KEPT, EXIT_PROMOTED, unavailable_settings
+from prefill_tuner.engines.sim.cost_model import PROFILES_DIR
+from prefill_tuner.nightly.retune import EXIT_KEPT, EXIT_PROMOTED, unavailable_settings
+from prefill_tuner.search_spaces.space import EngineCapabilities
+from prefill_tuner.storage.models import NightlyRun
+from prefill_tuner.storage.store import TunerStore
 
 SLOS = ("--slo", "p99_tpot=100ms", "--slo", "p99_ttft=5s")
 

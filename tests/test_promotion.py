@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from tuner.nightly.promotion import Measurement, decide
+from prefill_tuner.nightly.promotion import Measurement, decide
 
 
 def runs(*headrooms: float, feasible: bool | None = None) -> list[Measurement]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tuner.errors import TraceError
-from tuner.trace import detect_format, read_trace
+from prefill_tuner.errors import TraceError
+from prefill_tuner.trace import detect_format, read_trace
 
 
 def write(tmp_path: Path, name: str, content: str | bytes) -> Path:

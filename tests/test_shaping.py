@@ -7,13 +7,13 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prefill_tuner.errors import TraceError
+from prefill_tuner.trace import ShapeOptions, Trace, read_trace, shape
+from prefill_tuner.trace.model import Request
+from prefill_tuner.trace.shaping import clip, dequantize, detect_quantum, head, limit_length, window
 from pydantic import ValidationError
 
 from tests.conftest import MOONCAKE, requests_strategy
-from tuner.errors import TraceError
-from tuner.trace import ShapeOptions, Trace, read_trace, shape
-from tuner.trace.model import Request
-from tuner.trace.shaping import clip, dequantize, detect_quantum, head, limit_length, window
 
 
 def counted(trace: Trace, action: str) -> int:

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prefill_tuner.engines.sim import ConstantProfile, SimConfig, StepRecord, load_profile, simulate
+from prefill_tuner.engines.sim.cost_model import StepShape
+from prefill_tuner.errors import TunerError
+from prefill_tuner.trace import ShapeOptions, load_trace
+from prefill_tuner.trace.model import Request, Trace
 
 from tests.conftest import AZURE, MOONCAKE
 from tests.sim_scenarios import random_scenario
-from tuner.engines.sim import ConstantProfile, SimConfig, StepRecord, load_profile, simulate
-from tuner.engines.sim.cost_model import StepShape
-from tuner.errors import TunerError
-from tuner.trace import ShapeOptions, load_trace
-from tuner.trace.model import Request, Trace
 
 H100 = load_profile("llama-3.1-8b-h100")
 

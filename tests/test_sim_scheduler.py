@@ -7,10 +7,10 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prefill_tuner.engines.sim import ConstantProfile, SimConfig, StepRecord, simulate
+from prefill_tuner.trace.model import Request, Trace
 
 from tests.sim_scenarios import random_scenario
-from tuner.engines.sim import ConstantProfile, SimConfig, StepRecord, simulate
-from tuner.trace.model import Request, Trace
 
 ONE_SECOND = ConstantProfile(step_ms=1000.0)
 

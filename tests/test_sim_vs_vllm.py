@@ -9,12 +9,17 @@ only outside CI; in CI a missing vLLM is a failure.
 from __future__ import annotations
 
 import pytest
+from prefill_tuner.engines.sim import ConstantProfile, simulate
+from prefill_tuner.engines.sim.crosscheck import (
+    first_mismatch,
+    run_reference,
+    scenario,
+    simulated_steps,
+)
+from prefill_tuner.trace.model import Request, Trace
 
 from tests.conftest import vllm_python
 from tests.sim_scenarios import random_scenario
-from tuner.engines.sim import ConstantProfile, simulate
-from tuner.engines.sim.crosscheck import first_mismatch, run_reference, scenario, simulated_steps
-from tuner.trace.model import Request, Trace
 
 SCENARIOS = 300
 
@@ -75,7 +80,7 @@ def test_the_scenarios_exercise_every_rule(random_cases) -> None:
 def test_stall_matches_vllm() -> None:
     """A request that can never be admitted: vLLM schedules nothing, forever; so do we."""
     python = vllm_python()
-    from tuner.engines.sim.config import SimConfig
+    from prefill_tuner.engines.sim.config import SimConfig
 
     trace = Trace(
         (Request("small", 0.0, 4, 3), Request("huge", 0.5, 100, 2), Request("after", 0.7, 4, 2))

@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from objectives.metrics import RequestRecord, summarize_run
-from objectives.scoring import ERRORS, judge, latency_objectives
-from objectives.slo import format_seconds, parse_slo, parse_slos
-from tuner.errors import TunerError
+from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
+from prefill_tuner.objectives.scoring import ERRORS, judge, latency_objectives
+from prefill_tuner.objectives.slo import format_seconds, parse_slo, parse_slos
 
 
 @pytest.mark.parametrize(

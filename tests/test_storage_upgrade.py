@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prefill_tuner.storage.models import StudyRecord
+from prefill_tuner.storage.store import TunerStore
 from sqlalchemy import create_engine, inspect, text
-
-from storage.models import StudyRecord
-from storage.store import TunerStore
 
 # tuner_studies as the previous release created it (before target_trials and definition).
 OLD_STUDIES = """

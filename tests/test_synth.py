@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from tuner.errors import TunerError
-from tuner.trace.model import Trace
-from tuner.trace.stats import trace_stats
-from tuner.trace.synth import PRESETS, parse_burst, parse_mix, synthesize
+from prefill_tuner.errors import TunerError
+from prefill_tuner.trace.model import Trace
+from prefill_tuner.trace.stats import trace_stats
+from prefill_tuner.trace.synth import PRESETS, parse_burst, parse_mix, synthesize
 
 
 def test_presets_have_the_documented_shapes() -> None:

@@ -1,6 +1,6 @@
 """The bundled slices are the published ones, and our readers reproduce their published numbers.
 
-Expected values are copied from shared/traces/SOURCES.md (rounded as printed there).
+Expected values are those docs/traces.md records (rounded as printed there).
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from prefill_tuner.trace import read_trace
+from prefill_tuner.trace.stats import trace_stats
 
 from tests.conftest import AZURE, BURSTGPT, MOONCAKE
-from tuner.trace import read_trace
-from tuner.trace.stats import trace_stats
 
 SHA256 = {
     AZURE: "633d22f7f0eccb681096ed4ede197083ac674f373174aad34a7a1a7b81b63954",

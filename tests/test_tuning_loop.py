@@ -9,10 +9,10 @@ from pathlib import Path
 
 import optuna
 import yaml
+from prefill_tuner.engines.sim import SimConfig
+from prefill_tuner.storage.store import TunerStore
 
-from storage.store import TunerStore
 from tests.conftest import AZURE
-from tuner.engines.sim import SimConfig
 
 SMALL = ["--trace", str(AZURE), "--max-requests", "150"]
 
@@ -106,9 +106,9 @@ def test_ctrl_c_keeps_finished_trials_and_the_study_resumes(
     tune, tmp_path: Path, monkeypatch
 ) -> None:
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
-    from tuner.cli import run_cmd
+    from prefill_tuner.cli import display
 
-    original = run_cmd.ProgressDisplay._trial
+    original = display.ProgressDisplay._trial
     calls = {"n": 0}
 
     def interrupt_after_three(self, result) -> None:
@@ -117,13 +117,13 @@ def test_ctrl_c_keeps_finished_trials_and_the_study_resumes(
         if calls["n"] == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(run_cmd.ProgressDisplay, "_trial", interrupt_after_three)
+    monkeypatch.setattr(display.ProgressDisplay, "_trial", interrupt_after_three)
     code, _out, err = tune(*run_args(storage, 6))
     assert code == 130 and "interrupted" in err
     study = optuna.load_study(study_name="s", storage=storage)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(complete) == 2  # the third was interrupted inside its objective
-    monkeypatch.setattr(run_cmd.ProgressDisplay, "_trial", original)
+    monkeypatch.setattr(display.ProgressDisplay, "_trial", original)
     code, _, err = tune(*run_args(storage, 6))
     assert code == 0, err
     study = optuna.load_study(study_name="s", storage=storage)

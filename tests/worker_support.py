@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tuner.trace.native import write_native
-from tuner.trace.synth import parse_mix, synthesize
+from prefill_tuner.trace.native import write_native
+from prefill_tuner.trace.synth import parse_mix, synthesize
 
 SLOS = ("--slo", "p99_tpot=50ms", "--slo", "p99_ttft=2s")
 STUDY = "shared"
@@ -21,7 +21,7 @@ def tiny_trace(directory: Path) -> Path:
 
 
 def create_study(tune: Callable, storage: str, trace: Path, trials: int) -> None:
-    code, _, err = tune(
+    code, out, err = tune(
         "run",
         "--trace",
         str(trace),
@@ -35,4 +35,6 @@ def create_study(tune: Callable, storage: str, trace: Path, trials: int) -> None
         "--create-only",
     )
     assert code == 0, err
-    assert f"tune worker --study {STUDY}" in err.replace("\n", " ")
+    assert "recorded with a target" in err
+    # The worker's command line, ready to paste (the storage URL has no password here).
+    assert out.strip() == f"tune worker --study {STUDY} --storage {storage}"

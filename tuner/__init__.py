@@ -1,6 +1,110 @@
 """Auto-tuner for vLLM's chunked-prefill scheduler configuration.
 
-The `tune` command line lives in :mod:`tuner.cli`; traces in :mod:`tuner.trace`.
+The public API (everything else is internal and may change)::
+
+    import prefill_tuner as pt
+
+    engine = pt.build_engine(pt.EngineOptions())            # the simulator
+    plan = pt.build_plan(engine, trace_path=pt.SAMPLE_TRACE, slos=["p99_tpot=50ms"],
+                         shaping=pt.ShapeOptions(), storage_url="sqlite:///tune.db")
+    store = pt.TunerStore(plan.storage_url)
+    pt.run_study(plan, engine, store)
+    summary = pt.summarize_stored(store, plan.name)
+    print(summary.recommended.serve_command)
+
+The ``tune`` command line (:mod:`prefill_tuner.cli`) is a thin layer over these.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "EngineOptions": "prefill_tuner.engines.factory",
+    "build_engine": "prefill_tuner.engines.factory",
+    "TrialEngine": "prefill_tuner.engines.base",
+    "EngineRun": "prefill_tuner.engines.base",
+    "StudyPlan": "prefill_tuner.plan",
+    "build_plan": "prefill_tuner.plan",
+    "search_space_for": "prefill_tuner.plan",
+    "open_study": "prefill_tuner.study",
+    "run_study": "prefill_tuner.study",
+    "StudyProgress": "prefill_tuner.study",
+    "TrialResult": "prefill_tuner.study",
+    "verdict_of": "prefill_tuner.evaluation",
+    "capacity_search": "prefill_tuner.evaluation",
+    "StudySummary": "prefill_tuner.report",
+    "summarize_stored": "prefill_tuner.report",
+    "export": "prefill_tuner.report",
+    "TunerStore": "prefill_tuner.storage.store",
+    "Trace": "prefill_tuner.trace",
+    "ShapeOptions": "prefill_tuner.trace",
+    "load_trace": "prefill_tuner.trace",
+    "Slo": "prefill_tuner.objectives.slo",
+    "parse_slos": "prefill_tuner.objectives.slo",
+    "SimConfig": "prefill_tuner.engines.sim",
+    "simulate": "prefill_tuner.engines.sim",
+    "load_profile": "prefill_tuner.engines.sim",
+    "TunerError": "prefill_tuner.errors",
+    "SAMPLE_TRACE": "prefill_tuner.defaults",
+}
+
+__all__ = [
+    "SAMPLE_TRACE",
+    "EngineOptions",
+    "EngineRun",
+    "ShapeOptions",
+    "SimConfig",
+    "Slo",
+    "StudyPlan",
+    "StudyProgress",
+    "StudySummary",
+    "Trace",
+    "TrialEngine",
+    "TrialResult",
+    "TunerError",
+    "TunerStore",
+    "__version__",
+    "build_engine",
+    "build_plan",
+    "capacity_search",
+    "export",
+    "load_profile",
+    "load_trace",
+    "open_study",
+    "parse_slos",
+    "run_study",
+    "search_space_for",
+    "simulate",
+    "summarize_stored",
+    "verdict_of",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use, so ``import prefill_tuner`` stays cheap (a worker's scripts, the
+    CLI's ``--version``)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'prefill_tuner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from prefill_tuner.defaults import SAMPLE_TRACE
+    from prefill_tuner.engines.base import EngineRun, TrialEngine
+    from prefill_tuner.engines.factory import EngineOptions, build_engine
+    from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
+    from prefill_tuner.errors import TunerError
+    from prefill_tuner.evaluation import capacity_search, verdict_of
+    from prefill_tuner.objectives.slo import Slo, parse_slos
+    from prefill_tuner.plan import StudyPlan, build_plan, search_space_for
+    from prefill_tuner.report import StudySummary, export, summarize_stored
+    from prefill_tuner.storage.store import TunerStore
+    from prefill_tuner.study import StudyProgress, TrialResult, open_study, run_study
+    from prefill_tuner.trace import ShapeOptions, Trace, load_trace

@@ -1,5 +1,5 @@
-"""``python -m tuner``: the same as the ``tune`` command."""
+"""``python -m prefill_tuner``: the same as the ``tune`` command."""
 
-from tuner.cli import main
+from prefill_tuner.cli import main
 
 main()

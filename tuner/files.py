@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from tuner.errors import TunerError
+from prefill_tuner.errors import TunerError
 
 
 @contextmanager

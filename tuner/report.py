@@ -11,19 +11,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
+from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.scoring import ERRORS
+from prefill_tuner.objectives.slo import format_seconds, parse_slos
+from prefill_tuner.recommend import RULE, recommend
+from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.search_spaces.render import serve_yaml
+from prefill_tuner.storage.models import StudyRecord, TrialRecord
+from prefill_tuner.storage.store import TunerStore, redact_url
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-
-from objectives.scoring import ERRORS
-from objectives.slo import format_seconds
-from search_spaces.render import serve_yaml
-from storage.models import StudyRecord, TrialRecord
-
-RULE = (
-    "largest minimum relative slack to the SLOs (the setting furthest inside all of them; "
-    "ties go to the next smallest slack, then the earlier trial)"
-)
 
 
 @dataclass(frozen=True)
@@ -42,6 +40,8 @@ class StudySummary:
     """Trials whose replay the early-abort rule stopped."""
     saved_s: float = 0.0
     """Replay time those stops saved, at least."""
+    knobs: tuple[str, ...] = ()
+    """The knobs the study searched (the columns worth showing)."""
 
 
 def summarize_study(
@@ -56,8 +56,11 @@ def summarize_study(
             seen.add(values)
             pareto.append(by_number[frozen.number])
     pareto.sort(key=lambda trial: list(trial.objectives.values()))
-    recommended = max(pareto, key=_leximin_slack, default=None)
     baseline = next((trial for trial in trials if trial.is_baseline), None)
+    objectives = list(trials[0].objectives) if trials else []
+    directions = [d.name.lower() for d in study.directions]
+    limits = {slo.name: slo.limit_s for slo in parse_slos(list(record.slos))}
+    recommended = recommend(pareto, baseline, objectives, directions, limits)
     closest: list[TrialRecord] = []
     if not pareto:
         closest = sorted(trials, key=lambda t: max(t.constraints.values()))[:3]
@@ -65,8 +68,8 @@ def summarize_study(
     cuts = [cut for cut in cuts if cut]
     return StudySummary(
         study=record,
-        objectives=list(trials[0].objectives) if trials else [],
-        directions=[d.name.lower() for d in study.directions],
+        objectives=objectives,
+        directions=directions,
         pareto=pareto,
         recommended=recommended,
         baseline=baseline,
@@ -74,19 +77,42 @@ def summarize_study(
         finished=len(trials),
         cut_short=len(cuts),
         saved_s=sum(float(cut.get("saved_s") or 0.0) for cut in cuts),
+        knobs=tuple(
+            knob
+            for knob in KNOBS
+            if any(knob in t.params or f"{knob}_log2" in t.params for t in trials)
+        ),
     )
+
+
+def find_study(store: TunerStore, name: str | None) -> str:
+    """The study named, or the only one in the storage; a one-line error otherwise."""
+    names = store.study_names()
+    where = redact_url(store.url)
+    if name is None:
+        if len(names) != 1:
+            listing = ", ".join(names) if names else "none"
+            raise TunerError(f"--study: name the study (studies in {where}: {listing})")
+        return names[0]
+    if name not in names:
+        raise TunerError(
+            f"--study {name}: no such study in {where} (studies: {', '.join(names) or 'none'})"
+        )
+    return name
+
+
+def summarize_stored(store: TunerStore, name: str) -> StudySummary:
+    """The summary of a study in ``store`` (it must exist: :func:`find_study`)."""
+    record = store.get_study(name)
+    if record is None:
+        raise TunerError(f"--study {name}: no such study in {redact_url(store.url)}")
+    study = optuna.load_study(study_name=name, storage=store.url)
+    return summarize_study(study, record, store.trials(record))
 
 
 def _cut_short(trial: TrialRecord) -> dict[str, Any]:
     """The early-abort record of a trial (empty when it ran to the end)."""
     return dict(((trial.metrics or {}).get("details") or {}).get("cut_short") or {})
-
-
-def _leximin_slack(trial: TrialRecord) -> tuple[float, ...]:
-    """Smallest slack first, then the next: compared to the percent (finer is noise), with
-    the earlier trial winning a tie."""
-    slacks = sorted(round(value, 2) for value in trial.slacks.values() if value is not None)
-    return (*slacks, -trial.trial_number)
 
 
 def _fmt(name: str, value: float | None) -> str:
@@ -101,8 +127,9 @@ def _knob_text(trial: TrialRecord, knobs: Sequence[str]) -> list[str]:
     return [str(trial.settings.get(knob, "")).lower() for knob in knobs]
 
 
-def render_summary(summary: StudySummary, knobs: Sequence[str]) -> Group:
+def render_summary(summary: StudySummary) -> Group:
     """Tables and text for the terminal."""
+    knobs = summary.knobs or tuple(KNOBS)
     parts: list[Any] = []
     study = summary.study
     parts.append(

@@ -1,7 +1,7 @@
 """The tuning study: Optuna proposes engine settings, the engine replays the trace, the run is
 judged against the SLOs, and every trial is recorded.
 
-Optuna 5 rules this module follows (DESIGN.md section 8): constraints are set inside the
+Optuna 5 rules this module follows (docs/optuna.md): constraints are set inside the
 objective with ``trial.set_constraint`` and every complete trial sets the same keys; an engine
 failure is not left as FAIL (TPE would walk back into the failing region) but completed with
 violated constraints and pessimistic objective values (the worst seen so far); the sampler's
@@ -14,77 +14,23 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any
 
 import optuna
+from prefill_tuner.engines.base import TrialEngine
+from prefill_tuner.errors import TunerError
+from prefill_tuner.evaluation import capacity_search, objective_value, verdict_of
+from prefill_tuner.objectives.scoring import Verdict
+from prefill_tuner.plan import StudyPlan
+from prefill_tuner.search_spaces.render import serve_command
+from prefill_tuner.search_spaces.space import effective_settings
+from prefill_tuner.storage.models import StudyRecord
+from prefill_tuner.storage.store import TunerStore
 
-from objectives.early_abort import EarlyAbortRule
-from objectives.scoring import (
-    ERRORS,
-    UNMEASURED,
-    Objective,
-    Verdict,
-    bounded_statistic,
-    judge,
-    latency_objectives,
-)
-from objectives.scoring import statistic as run_statistic
-from objectives.slo import Slo
-from search_spaces.render import serve_command
-from search_spaces.space import SearchSpace, effective_settings
-from storage.models import StudyRecord
-from storage.store import TunerStore
-from tuner.engines.base import EngineRun, TrialEngine
-from tuner.errors import TunerError
-from tuner.trace.model import Trace
-from tuner.trace.shaping import ShapeOptions, scale_rate
-
-RATE_MULTIPLIER = "rate_multiplier"
 PESSIMISTIC_SECONDS = 3600.0
 """Objective value for a failed trial when no trial has succeeded yet."""
-
-
-@dataclass(frozen=True)
-class StudyPlan:
-    """Everything a study run needs, as the user asked for it."""
-
-    name: str
-    storage_url: str
-    trace: Trace
-    """The trace, already shaped."""
-    shaping: ShapeOptions
-    slos: tuple[Slo, ...]
-    space: SearchSpace
-    model: str
-    trials: int
-    """Total finished trials the study should have (a resumed study runs the rest)."""
-    objective_mode: Literal["latency", "capacity"] = "latency"
-    error_budget: float = 0.0
-    timeout_s: float | None = None
-    seed: int = 0
-    sampler: Literal["tpe", "random"] = "tpe"
-    startup_trials: int = 8
-    """Trials TPE samples at random before it models the results (the baseline included)."""
-    capacity_tolerance: float = 0.05
-    """Relative precision of the capacity bisection: stop when hi / lo − 1 ≤ this."""
-    early_abort: bool = True
-    """Let engines stop a replay once its SLO verdict can no longer change (real engines do;
-    :mod:`objectives.early_abort`)."""
-
-    @property
-    def abort_rule(self) -> EarlyAbortRule | None:
-        if not self.early_abort:
-            return None
-        reported = tuple(o.name for o in self.objectives if o.name != RATE_MULTIPLIER)
-        return EarlyAbortRule(self.slos, self.error_budget, reported)
-
-    @property
-    def objectives(self) -> tuple[Objective, ...]:
-        if self.objective_mode == "capacity":
-            return (Objective(RATE_MULTIPLIER, "maximize"),)
-        return latency_objectives(self.slos)
 
 
 @dataclass
@@ -107,7 +53,6 @@ class StudyProgress:
 
     on_start: Callable[[int, int], None] = lambda finished, remaining: None
     on_trial: Callable[[TrialResult], None] = lambda result: None
-    notes: list[str] = field(default_factory=list)
 
 
 def make_sampler(kind: str, seed: int, startup_trials: int = 8) -> optuna.samplers.BaseSampler:
@@ -257,7 +202,7 @@ class TrialObjective:
         else:
             run = self.engine.run(plan.trace, settings, plan.abort_rule)
             verdict = verdict_of(run, plan.slos, plan.error_budget)
-            values = [_objective_value(run, o.name) for o in plan.objectives]
+            values = [objective_value(run, o.name) for o in plan.objectives]
         values = self._pessimistic(values, failed=bool(run.failure) or run.metrics is None)
         self._note_values(values)
         for name, value in verdict.constraints.items():
@@ -334,87 +279,3 @@ class TrialObjective:
             else:
                 result.append(value if not math.isnan(value) else PESSIMISTIC_SECONDS)
         return result
-
-
-def _objective_value(run: EngineRun, name: str) -> float:
-    """A run's statistic; for a run cut short, at least the lower bound it was cut on."""
-    if run.metrics is None:
-        return math.nan
-    measured = run_statistic(run.metrics, name)
-    if run.cut_short is None:
-        return measured
-    return bounded_statistic(measured, run.cut_short.lower_bounds.get(name))
-
-
-def verdict_of(run: EngineRun, slos: tuple[Slo, ...], error_budget: float) -> Verdict:
-    """How a run fared against the SLOs; a run that failed never passes."""
-    if run.metrics is None:
-        constraints = {slo.name: UNMEASURED for slo in slos}
-        constraints[ERRORS] = 1.0
-        return Verdict(constraints=constraints, slacks={slo.name: -UNMEASURED for slo in slos})
-    cut = run.cut_short
-    verdict = judge(
-        run.metrics,
-        slos,
-        error_budget,
-        lower_bounds=cut.lower_bounds if cut else None,
-        cut_short=cut.unfinished if cut else 0,
-    )
-    if run.failure and verdict.constraints[ERRORS] <= 0:
-        verdict.constraints[ERRORS] = 1.0  # a failed engine never passes
-    return verdict
-
-
-def capacity_search(
-    engine: TrialEngine,
-    trace: Trace,
-    settings: dict[str, Any],
-    slos: tuple[Slo, ...],
-    error_budget: float,
-    tolerance: float,
-    abort_rule: EarlyAbortRule | None = None,
-    bounds: tuple[float, float] = (1 / 64, 64.0),
-) -> tuple[EngineRun, Verdict, float]:
-    """The highest rate multiplier of ``trace`` at which every SLO holds, by doubling or
-    halving from 1× to bracket it, then bisecting (geometrically) until ``hi / lo − 1 ≤
-    tolerance``. Returns the run and verdict at that multiplier; 0 when even the lowest bound
-    fails (then the run and verdict at the lowest bound)."""
-
-    def evaluate(multiplier: float) -> tuple[EngineRun, Verdict]:
-        run = engine.run(scale_rate(trace, multiplier), settings, abort_rule)
-        return run, verdict_of(run, slos, error_budget)
-
-    low_bound, high_bound = bounds
-    multiplier = 1.0
-    run, verdict = evaluate(multiplier)
-    if verdict.feasible:
-        good, good_run, good_verdict = multiplier, run, verdict
-        bad = None
-        while good < high_bound:
-            candidate = min(good * 2, high_bound)
-            run, verdict = evaluate(candidate)
-            if not verdict.feasible:
-                bad = candidate
-                break
-            good, good_run, good_verdict = candidate, run, verdict
-        if bad is None:
-            return good_run, good_verdict, good
-    else:
-        bad = multiplier
-        while True:
-            candidate = bad / 2
-            if candidate < low_bound:
-                return run, verdict, 0.0
-            run, verdict = evaluate(candidate)
-            if verdict.feasible:
-                good, good_run, good_verdict = candidate, run, verdict
-                break
-            bad = candidate
-    while bad / good - 1 > tolerance:
-        middle = math.sqrt(good * bad)
-        run, verdict = evaluate(middle)
-        if verdict.feasible:
-            good, good_run, good_verdict = middle, run, verdict
-        else:
-            bad = middle
-    return good_run, good_verdict, good

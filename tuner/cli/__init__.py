@@ -5,14 +5,14 @@ from __future__ import annotations
 import sys
 
 import typer
-
-from tuner import __version__
-from tuner.cli.nightly_cmd import nightly_command
-from tuner.cli.run_cmd import export_command, pareto_command, run_command
-from tuner.cli.simulate_cmd import simulate_command
-from tuner.cli.trace_cmd import trace_app
-from tuner.cli.worker_cmd import worker_command
-from tuner.errors import TunerError
+from prefill_tuner import __version__
+from prefill_tuner.cli.nightly_cmd import nightly_command
+from prefill_tuner.cli.results_cmd import export_command, pareto_command
+from prefill_tuner.cli.run_cmd import run_command
+from prefill_tuner.cli.simulate_cmd import simulate_command
+from prefill_tuner.cli.trace_cmd import trace_app
+from prefill_tuner.cli.worker_cmd import worker_command
+from prefill_tuner.errors import TunerError
 
 app = typer.Typer(
     name="tune",

@@ -2,65 +2,41 @@
 
 from __future__ import annotations
 
-import signal
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from prefill_tuner import defaults
+from prefill_tuner.cli.display import (
+    EXIT_INTERRUPTED,
+    ProgressDisplay,
+    error_console,
+    print_study_header,
+    quiet_optuna,
+    sigterm_as_ctrl_c,
+)
+from prefill_tuner.cli.options import (
+    ENGINE,
+    SPACE,
+    TRACE,
+    ErrorBudgetOpt,
+    ModelOpt,
+    SeedOpt,
+    SloOpt,
+    StorageOpt,
+    TraceChoice,
+    with_options,
+)
+from prefill_tuner.engines.factory import EngineOptions, build_engine
+from prefill_tuner.nightly.retune import NightlyPlan, retune
+from prefill_tuner.plan import SpaceSpec, build_plan
+from prefill_tuner.storage.store import TunerStore
 from rich.console import Console
 from rich.markup import escape
 
-from objectives.slo import parse_slos
-from storage.store import TunerStore
-from tuner.cli.engine_options import (
-    EngineOpt,
-    HangTimeoutOpt,
-    LogDirOpt,
-    ProfileOpt,
-    ServeCmdOpt,
-    ServerArgOpt,
-    ServerEnvOpt,
-    VllmPythonOpt,
-    build_engine,
-)
-from tuner.cli.options import (
-    DequantizeOpt,
-    DurationOpt,
-    FormatOpt,
-    JitterSeedOpt,
-    MaxRequestsOpt,
-    RateScaleOpt,
-    SortOpt,
-    StartOpt,
-    interrupt,
-    shape_options,
-)
-from tuner.cli.run_cmd import (
-    DEFAULT_MODEL,
-    DEFAULT_STORAGE,
-    EXIT_INTERRUPTED,
-    ErrorBudgetOpt,
-    ModelOpt,
-    ProgressDisplay,
-    SeedOpt,
-    SetOpt,
-    SloOpt,
-    SpaceFileOpt,
-    SpaceOpt,
-    StorageOpt,
-    TraceOpt,
-    print_study_header,
-    quiet_optuna,
-    search_space_for,
-)
-from tuner.cli.simulate_cmd import DEFAULT_PROFILE
-from tuner.engines.real.guard import DEFAULT_HANG_TIMEOUT_S
-from tuner.nightly.promotion import DEFAULT_MIN_GAIN
-from tuner.nightly.retune import NightlyPlan, retune
-from tuner.study import StudyPlan
-from tuner.trace import load_trace
 
-
+@with_options(engine=ENGINE, trace=TRACE, space=SPACE)
 def nightly_command(
     study: Annotated[
         str,
@@ -68,12 +44,12 @@ def nightly_command(
             "--study", help="Study family: each night is a new generation, study NAME-gN."
         ),
     ],
-    trace_file: TraceOpt,
+    trace_file: Annotated[Path, typer.Option("--trace", help="Tonight's trace file.")],
     slo: SloOpt,
-    storage: StorageOpt = DEFAULT_STORAGE,
+    storage: StorageOpt = defaults.STORAGE,
     trials: Annotated[
         int, typer.Option("--trials", min=1, help="Trials of tonight's search.")
-    ] = 30,
+    ] = defaults.TRIALS,
     deadline: Annotated[
         float | None,
         typer.Option(
@@ -91,7 +67,7 @@ def nightly_command(
             help="Runs of the incumbent and of the challenger on tonight's trace, to tell a "
             "real gain from noise (1 on the deterministic simulator).",
         ),
-    ] = 3,
+    ] = defaults.REPEATS,
     min_gain: Annotated[
         float,
         typer.Option(
@@ -100,71 +76,33 @@ def nightly_command(
             help="Least median gain in headroom (share of the tightest SLO limit) worth a "
             "promotion.",
         ),
-    ] = DEFAULT_MIN_GAIN,
+    ] = defaults.MIN_GAIN,
     report_dir: Annotated[
         Path,
         typer.Option(
             "--report-dir",
             help="Where the dated report and the serve lines (DIR/STUDY/serve.sh, serve.yaml) go.",
         ),
-    ] = Path("nightly-reports"),
-    engine: EngineOpt = "sim",
-    model: ModelOpt = DEFAULT_MODEL,
-    profile: ProfileOpt = DEFAULT_PROFILE,
+    ] = defaults.REPORT_DIR,
+    model: ModelOpt = defaults.MODEL,
     seed: SeedOpt = 0,
-    space: SpaceOpt = None,
-    space_file: SpaceFileOpt = None,
-    set_values: SetOpt = None,
     error_budget: ErrorBudgetOpt = 0.0,
-    vllm_python: VllmPythonOpt = None,
-    serve_cmd: ServeCmdOpt = None,
-    server_arg: ServerArgOpt = None,
-    server_env: ServerEnvOpt = None,
-    log_dir: LogDirOpt = Path("tune-logs"),
-    hang_timeout: HangTimeoutOpt = DEFAULT_HANG_TIMEOUT_S,
-    format: FormatOpt = None,
-    sort: SortOpt = False,
-    start: StartOpt = 0.0,
-    duration: DurationOpt = None,
-    rate_scale: RateScaleOpt = 1.0,
-    max_requests: MaxRequestsOpt = None,
-    dequantize: DequantizeOpt = None,
-    jitter_seed: JitterSeedOpt = 0,
+    *,
+    engine: EngineOptions,
+    trace: TraceChoice,
+    space: SpaceSpec,
 ) -> None:
     """Retune on tonight's trace and promote a new configuration only when it beats the
     incumbent beyond noise. Exit code 0: kept; 3: promoted (new serve lines); 4: nothing
     meets the SLOs; 2: bad input; 130: interrupted."""
-    slos = parse_slos(slo)
-    trial_engine = build_engine(
-        engine,
-        model=model,
-        profile=profile,
-        vllm_python=vllm_python,
-        serve_cmd=serve_cmd,
-        server_arg=server_arg,
-        server_env=server_env,
-        log_dir=log_dir,
-        hang_timeout_s=hang_timeout,
-    )
-    search = search_space_for(trial_engine, set_values, space, space_file)
-    options = shape_options(
-        start,
-        duration,
-        rate_scale,
-        trial_engine.max_model_len(search.fixed),
-        "clip",
-        max_requests,
-        dequantize,
-        jitter_seed,
-    )
-    trace = load_trace(str(trace_file), format, sort=sort, options=options)
-    plan = StudyPlan(
+    trial_engine = build_engine(dataclasses.replace(engine, model=model))
+    plan = build_plan(
+        trial_engine,
+        trace.at(trace_file),
+        space,
+        slos=slo,
         name=study,
         storage_url=storage,
-        trace=trace,
-        shaping=options,
-        slos=slos,
-        space=search,
         model=model,
         trials=trials,
         error_budget=error_budget,
@@ -178,17 +116,19 @@ def nightly_command(
         min_gain=min_gain,
         deadline_s=deadline,
     )
-    err = Console(stderr=True, highlight=False)
-    print_study_header(err, plan, trace_file, trial_engine.version)
+    err = error_console()
+    print_study_header(err, plan, str(trace_file), trial_engine.version)
     quiet_optuna()
     store = TunerStore(storage)
 
     def say(text: str) -> None:
         err.print(escape(f"nightly {study}: {text}"), soft_wrap=True)
 
-    previous = signal.signal(signal.SIGTERM, interrupt)  # a stopped service: as Ctrl-C
     try:
-        with ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display:
+        with (
+            sigterm_as_ctrl_c(),
+            ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display,
+        ):
             outcome = retune(nightly, trial_engine, store, display.progress, say)
     except KeyboardInterrupt:
         err.print(
@@ -196,14 +136,14 @@ def nightly_command(
             "generation"
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     out = Console(highlight=False, soft_wrap=True)
     out.print(
-        f"generation {outcome.generation} ({outcome.study_name}): "
-        f"{outcome.decision.action}: {outcome.decision.reason}"
+        escape(
+            f"generation {outcome.generation} ({outcome.study_name}): "
+            f"{outcome.decision.action}: {outcome.decision.reason}"
+        )
     )
     if outcome.serve_command:
-        out.print(outcome.serve_command)
-    out.print(f"report: {outcome.report_path}")
+        out.print(escape(outcome.serve_command))
+    out.print(escape(f"report: {outcome.report_path}"))
     raise typer.Exit(outcome.exit_code)

@@ -1,73 +1,483 @@
-"""Options and output helpers shared by the commands that read traces."""
+"""Options shared by several commands, declared once.
+
+A command names a group of options with one parameter (``engine: EngineOptions``) and the
+:func:`with_options` decorator expands it into the group's flags for typer, then packs the
+flags' values back into that one object. So ``tune run``, ``tune nightly`` and ``tune worker``
+share their engine flags without repeating them, and every default comes from
+:mod:`prefill_tuner.defaults`.
+"""
 
 from __future__ import annotations
 
-import math
-from types import FrameType
-from typing import Annotated
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
 import typer
+from prefill_tuner import defaults
+from prefill_tuner.engines.factory import EngineOptions
+from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.errors import TunerError
+from prefill_tuner.plan import SpaceSpec, TraceSpec
+from prefill_tuner.trace import ShapeOptions
 from pydantic import ValidationError
-from rich.console import Console
+from pydantic.fields import FieldInfo
 
-from tuner.errors import TunerError
-from tuner.trace import ShapeOptions
+ENGINE_PANEL = "Engine"
+TRACE_PANEL = "Trace shaping"
+SPACE_PANEL = "Search space"
 
-# Options shared by every command that reads a trace -------------------------------------------
-FormatOpt = Annotated[
-    str | None,
+# Options that stand alone ------------------------------------------------------------------
+StorageOpt = Annotated[
+    str,
     typer.Option(
-        "--format",
-        "-f",
-        help="jsonl (= mooncake, native), azure or burstgpt. Default: detected from the content.",
+        "--storage",
+        envvar="TUNE_STORAGE",
+        help="Study database URL (SQLite file or PostgreSQL); from $TUNE_STORAGE when not "
+        "given, which keeps a password out of command lines and process lists.",
     ),
 ]
-SortOpt = Annotated[
-    bool, typer.Option("--sort", help="Sort out-of-order arrivals instead of refusing the file.")
+StudyOpt = Annotated[
+    str | None, typer.Option("--study", help="Study name (default: TRACE-OBJECTIVE).")
 ]
-StartOpt = Annotated[
-    float, typer.Option("--start", min=0, help="Window start, seconds from trace start.")
+SloOpt = Annotated[
+    list[str], typer.Option("--slo", help="SLO like p99_tpot=50ms or p95_ttft=2s (repeatable).")
 ]
-DurationOpt = Annotated[
-    float | None, typer.Option("--duration", min=0, help="Window length in seconds.")
-]
-RateScaleOpt = Annotated[
-    float, typer.Option("--rate-scale", min=0, help="Multiply the arrival rate (0.1 = 10× slower).")
-]
-MaxModelLenOpt = Annotated[
-    int | None,
+ModelOpt = Annotated[str, typer.Option("--model", help="Model named in serve lines.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Sampler seed.")]
+TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="Trials of the study.")]
+ErrorBudgetOpt = Annotated[
+    float,
     typer.Option(
-        "--max-model-len", min=2, help="Clip or drop requests whose prompt + output exceed this."
+        "--error-budget",
+        min=0,
+        max=1,
+        help="Share of requests allowed to fail without violating the SLOs.",
     ),
 ]
-OverLengthOpt = Annotated[
-    str, typer.Option("--over-length", help="clip or drop requests longer than --max-model-len.")
-]
-MaxRequestsOpt = Annotated[
-    int | None, typer.Option("--max-requests", min=1, help="Keep only the first N requests.")
-]
-DequantizeOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--dequantize",
-        help="Spread coarse timestamps with uniform jitter "
-        "over a quantum: seconds, or 'auto' (median gap between timestamps).",
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+# Groups of options --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TraceChoice:
+    """How to read and shape a trace (its path is the command's own option)."""
+
+    format: str | None
+    sort: bool
+    shaping: ShapeOptions
+
+    def at(self, path: Path) -> TraceSpec:
+        return TraceSpec(path=path, format=self.format, sort=self.sort, shaping=self.shaping)
+
+
+def _option(
+    name: str, help: str, panel: str | None = None, **kwargs: Any
+) -> typer.models.OptionInfo:
+    return typer.Option(name, help=help, rich_help_panel=panel, **kwargs)
+
+
+def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default
+    )
+
+
+@dataclass(frozen=True)
+class OptionGroup:
+    """Flags that together build one object, passed to the command as one parameter."""
+
+    params: tuple[inspect.Parameter, ...]
+    build: Callable[..., Any]
+
+
+def _engine_options(
+    engine: str,
+    profile: str,
+    vllm_python: str | None,
+    serve_cmd: str | None,
+    server_arg: list[str] | None,
+    server_env: list[str] | None,
+    log_dir: Path,
+    hang_timeout: float,
+) -> EngineOptions:
+    return EngineOptions(
+        engine=engine,
+        profile=profile,
+        vllm_python=vllm_python,
+        serve_cmd=serve_cmd,
+        server_args=tuple(server_arg or ()),
+        server_env=tuple(server_env or ()),
+        log_dir=log_dir,
+        hang_timeout_s=hang_timeout,
+    )
+
+
+REAL = "--engine vllm: "
+ENGINE = OptionGroup(
+    params=(
+        _param(
+            "engine",
+            Annotated[str, _option("--engine", "sim (simulator) or vllm.", ENGINE_PANEL)],
+            "sim",
+        ),
+        _param(
+            "profile",
+            Annotated[
+                str,
+                _option("--profile", "Simulator step-time profile (name or file).", ENGINE_PANEL),
+            ],
+            defaults.PROFILE,
+        ),
+        _param(
+            "vllm_python",
+            Annotated[
+                str | None,
+                _option(
+                    "--vllm-python", REAL + "the Python that has vLLM (its own venv).", ENGINE_PANEL
+                ),
+            ],
+            None,
+        ),
+        _param(
+            "serve_cmd",
+            Annotated[
+                str | None,
+                _option(
+                    "--serve-cmd",
+                    REAL + "the command the model name follows (default: 'vllm serve' if that "
+                    "works, else 'PYTHON -m vllm.entrypoints.openai.api_server --model').",
+                    ENGINE_PANEL,
+                ),
+            ],
+            None,
+        ),
+        _param(
+            "server_arg",
+            Annotated[
+                list[str] | None,
+                _option(
+                    "--server-arg",
+                    REAL + "extra server arguments, e.g. '--kv-cache-memory-bytes 268435456' "
+                    "(repeatable).",
+                    ENGINE_PANEL,
+                ),
+            ],
+            None,
+        ),
+        _param(
+            "server_env",
+            Annotated[
+                list[str] | None,
+                _option(
+                    "--server-env",
+                    REAL + "KEY=VALUE for the server's environment (repeatable).",
+                    ENGINE_PANEL,
+                ),
+            ],
+            None,
+        ),
+        _param(
+            "log_dir",
+            Annotated[
+                Path,
+                _option("--log-dir", REAL + "where each trial's server log goes.", ENGINE_PANEL),
+            ],
+            defaults.LOG_DIR,
+        ),
+        _param(
+            "hang_timeout",
+            Annotated[
+                float,
+                _option(
+                    "--hang-timeout",
+                    REAL + "a trial fails when requests are in flight but no token arrives for "
+                    "this many seconds (the server hung).",
+                    ENGINE_PANEL,
+                    min=1,
+                ),
+            ],
+            defaults.HANG_TIMEOUT_S,
+        ),
     ),
-]
-JitterSeedOpt = Annotated[int, typer.Option("--jitter-seed", help="Seed for --dequantize.")]
+    build=_engine_options,
+)
+"""``--engine`` and the options of the engine it names."""
+
+_TRACE_READING = (
+    _param(
+        "format",
+        Annotated[
+            str | None,
+            _option(
+                "--format",
+                "jsonl (= mooncake, native), azure or burstgpt (default: detected from the "
+                "content).",
+                TRACE_PANEL,
+            ),
+        ],
+        None,
+    ),
+    _param(
+        "sort",
+        Annotated[
+            bool,
+            _option(
+                "--sort", "Sort out-of-order arrivals instead of refusing the file.", TRACE_PANEL
+            ),
+        ],
+        False,
+    ),
+    _param(
+        "start",
+        Annotated[
+            float, _option("--start", "Window start, seconds from trace start.", TRACE_PANEL, min=0)
+        ],
+        0.0,
+    ),
+    _param(
+        "duration",
+        Annotated[
+            float | None, _option("--duration", "Window length in seconds.", TRACE_PANEL, min=0)
+        ],
+        None,
+    ),
+    _param(
+        "rate_scale",
+        Annotated[
+            float,
+            _option(
+                "--rate-scale", "Multiply the arrival rate (0.1 = 10× slower).", TRACE_PANEL, min=0
+            ),
+        ],
+        1.0,
+    ),
+    _param(
+        "max_requests",
+        Annotated[
+            int | None,
+            _option("--max-requests", "Keep only the first N requests.", TRACE_PANEL, min=1),
+        ],
+        None,
+    ),
+    _param(
+        "dequantize",
+        Annotated[
+            str | None,
+            _option(
+                "--dequantize",
+                "Spread coarse timestamps with uniform jitter over a quantum: seconds, or 'auto' "
+                "(median gap between timestamps).",
+                TRACE_PANEL,
+            ),
+        ],
+        None,
+    ),
+    _param(
+        "jitter_seed",
+        Annotated[int, _option("--jitter-seed", "Seed for --dequantize.", TRACE_PANEL)],
+        0,
+    ),
+)
+_TRACE_LENGTH = (
+    _param(
+        "max_model_len",
+        Annotated[
+            int | None,
+            _option(
+                "--max-model-len",
+                "Clip or drop requests whose prompt + output exceed this.",
+                TRACE_PANEL,
+                min=2,
+            ),
+        ],
+        None,
+    ),
+    _param(
+        "over_length",
+        Annotated[
+            str,
+            _option(
+                "--over-length", "clip or drop requests longer than --max-model-len.", TRACE_PANEL
+            ),
+        ],
+        "clip",
+    ),
+)
 
 
-def shape_options(
+def _trace_input(
+    format: str | None,
+    sort: bool,
     start: float,
     duration: float | None,
     rate_scale: float,
-    max_model_len: int | None,
-    over_length: str,
     max_requests: int | None,
     dequantize: str | None,
     jitter_seed: int,
+    max_model_len: int | None = None,
+    over_length: str = "clip",
+) -> TraceChoice:
+    return TraceChoice(
+        format,
+        sort,
+        shape_options(
+            start=start,
+            duration=duration,
+            rate_scale=rate_scale,
+            max_model_len=max_model_len,
+            over_length=over_length,
+            max_requests=max_requests,
+            dequantize=dequantize,
+            jitter_seed=jitter_seed,
+        ),
+    )
+
+
+TRACE = OptionGroup(params=_TRACE_READING, build=_trace_input)
+"""Reading and shaping a trace whose length limit comes from the engine (run, nightly)."""
+TRACE_WITH_LENGTH = OptionGroup(params=_TRACE_READING + _TRACE_LENGTH, build=_trace_input)
+"""Reading and shaping a trace, with a length limit of the user's (``tune trace``)."""
+
+
+def _space_spec(
+    space: list[str] | None, space_file: Path | None, set_values: list[str] | None
+) -> SpaceSpec:
+    return SpaceSpec(
+        fixed=tuple(set_values or ()), ranges=tuple(space or ()), space_file=space_file
+    )
+
+
+SPACE = OptionGroup(
+    params=(
+        _param(
+            "space",
+            Annotated[
+                list[str] | None,
+                _option(
+                    "--space",
+                    "Knob range, e.g. max_num_batched_tokens=256..16384 (repeatable).",
+                    SPACE_PANEL,
+                ),
+            ],
+            None,
+        ),
+        _param(
+            "space_file",
+            Annotated[
+                Path | None, _option("--space-file", "YAML file of knob ranges.", SPACE_PANEL)
+            ],
+            None,
+        ),
+        _param(
+            "set_values",
+            Annotated[
+                list[str] | None,
+                _option(
+                    "--set",
+                    "Fixed engine setting, e.g. max_model_len=32768 (repeatable).",
+                    SPACE_PANEL,
+                ),
+            ],
+            None,
+        ),
+    ),
+    build=_space_spec,
+)
+"""``--space``, ``--space-file`` and ``--set``."""
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """``tune simulate``'s engine flags: settings named as vLLM names them, and the KV pool."""
+
+    settings: dict[str, Any]
+    """Only the flags given (the profile's and vLLM's defaults fill the rest)."""
+    kv_cache_memory_bytes: int | None
+
+
+def _sim_flag(name: str, field: FieldInfo) -> inspect.Parameter:
+    flag = "--" + name.replace("_", "-")
+    if field.annotation is bool:
+        flag = f"{flag}/--no-{flag[2:]}"
+    return _param(
+        name,
+        Annotated[
+            field.annotation | None, _option(flag, field.description or "", "Engine (vLLM flags)")
+        ],  # type: ignore[operator]
+        None,
+    )
+
+
+def _sim_settings(kv_cache_memory_bytes: int | None, **settings: Any) -> SimSettings:
+    return SimSettings(settings, kv_cache_memory_bytes)
+
+
+SIM_CONFIG = OptionGroup(
+    params=(
+        *(_sim_flag(name, field) for name, field in SimConfig.model_fields.items()),
+        _param(
+            "kv_cache_memory_bytes",
+            Annotated[
+                int | None,
+                _option(
+                    "--kv-cache-memory-bytes",
+                    "KV pool size in bytes; blocks derived from the profile's KV bytes per token.",
+                    "Engine (vLLM flags)",
+                    min=1,
+                ),
+            ],
+            None,
+        ),
+    ),
+    build=_sim_settings,
+)
+"""One flag per :class:`SimConfig` field (its docstring is the help), and the KV pool size."""
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def with_options(**groups: OptionGroup) -> Callable[[Command], Command]:
+    """Give the command each group's flags; it receives each group as one built object,
+    under the keyword it was given here (``@with_options(engine=ENGINE)``)."""
+
+    def decorate(command: Command) -> Command:
+        signature = inspect.signature(command, eval_str=True)
+        own = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            for p in signature.parameters.values()
+            if p.name not in groups
+        ]
+        added = [param for group in groups.values() for param in group.params]
+
+        @functools.wraps(command)
+        def wrapper(**values: Any) -> Any:
+            for keyword, group in groups.items():
+                values[keyword] = group.build(**{p.name: values.pop(p.name) for p in group.params})
+            return command(**values)
+
+        wrapper.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+# Converting values ---------------------------------------------------------------------------
+def shape_options(
+    *,
+    start: float = 0.0,
+    duration: float | None = None,
+    rate_scale: float = 1.0,
+    max_model_len: int | None = None,
+    over_length: str = "clip",
+    max_requests: int | None = None,
+    dequantize: str | None = None,
+    jitter_seed: int = 0,
 ) -> ShapeOptions:
-    """Build :class:`ShapeOptions` from CLI values, as a one-line error when they are wrong."""
+    """:class:`ShapeOptions` from CLI values, as a one-line error naming the flag."""
     quantum: float | str | None = dequantize
     if dequantize is not None and dequantize != "auto":
         try:
@@ -90,7 +500,8 @@ def shape_options(
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else ""
-        raise TunerError(f"{_FLAGS.get(field, field)}: {first['msg']}") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise TunerError(f"{_FLAGS.get(field, field)}: {message}") from None
 
 
 _FLAGS = {
@@ -104,28 +515,3 @@ _FLAGS = {
     "jitter_seed": "--jitter-seed",
 }
 """The CLI flag of each :class:`ShapeOptions` field, for error messages."""
-
-
-def output_console() -> Console:
-    """Rich console for results: a terminal's own width, or wide lines when piped (for grep)."""
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = max(console.width, 160)
-    return console
-
-
-def json_safe(value: object) -> object:
-    """JSON has no NaN: write null instead."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: json_safe(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [json_safe(item) for item in value]
-    return value
-
-
-def interrupt(signum: int, frame: FrameType | None) -> None:
-    """A SIGTERM handler (a stopped container or service): stop as on Ctrl-C, so the running
-    trial's server is stopped and finished trials are kept."""
-    raise KeyboardInterrupt

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from objectives.early_abort import EarlyAbortRule
-from objectives.metrics import RunMetrics
-from search_spaces.space import EngineCapabilities
-from tuner.trace.model import Trace
+from prefill_tuner.objectives.early_abort import EarlyAbortRule
+from prefill_tuner.objectives.metrics import RunMetrics
+from prefill_tuner.search_spaces.space import EngineCapabilities
+from prefill_tuner.trace.model import Trace
 
 
 @dataclass(frozen=True)

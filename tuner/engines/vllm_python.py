@@ -6,7 +6,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from tuner.errors import TunerError
+from prefill_tuner.errors import TunerError
 
 
 def run_vllm_script(

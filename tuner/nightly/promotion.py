@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-DEFAULT_MIN_GAIN = 0.05
+from prefill_tuner import defaults
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def holds(runs: Sequence[Measurement]) -> bool:
 def decide(
     incumbent: Sequence[Measurement] | None,
     challenger: Sequence[Measurement] | None,
-    min_gain: float = DEFAULT_MIN_GAIN,
+    min_gain: float = defaults.MIN_GAIN,
 ) -> Decision:
     """Apply the rule above. ``None``: no such configuration (no incumbent yet, or the search
     found no challenger other than the incumbent)."""

@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import math
 import shlex
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-from objectives.slo import format_seconds
-from search_spaces.render import serve_yaml
-from search_spaces.space import EngineCapabilities
-from storage.models import NightlyRun
-from tuner.files import atomic_text
-from tuner.nightly import promotion
-from tuner.report import StudySummary
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from tuner.nightly.retune import NightlyPlan
+from prefill_tuner.files import atomic_text
+from prefill_tuner.nightly import promotion
+from prefill_tuner.nightly.plan import NightlyPlan
+from prefill_tuner.objectives.slo import format_seconds
+from prefill_tuner.report import StudySummary
+from prefill_tuner.search_spaces.render import serve_yaml
+from prefill_tuner.search_spaces.space import EngineCapabilities
+from prefill_tuner.storage.models import NightlyRun
 
 TRACE_ROWS = (
     ("requests", "requests", "{:,}"),

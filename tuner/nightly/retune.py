@@ -1,6 +1,6 @@
 """One night of retuning: a new generation of the study, warm-started from the last one; the
 incumbent re-measured on the night's trace; a search within a trial budget and a deadline;
-the best challenger re-measured; the promotion rule (:mod:`tuner.nightly.promotion`); a
+the best challenger re-measured; the promotion rule (:mod:`prefill_tuner.nightly.promotion`); a
 dated report and the serve lines of whatever is deployed next.
 
 Generation N of the family ``NAME`` is the study ``NAME-gN`` (``tune pareto --study NAME-gN``
@@ -20,46 +20,26 @@ from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
-
-from objectives.scoring import statistic
-from search_spaces.knobs import KNOBS
-from search_spaces.render import serve_command
-from search_spaces.space import knob_availability
-from storage.models import NightlyRun
-from storage.store import TunerStore
-from tuner.engines.base import TrialEngine
-from tuner.nightly.promotion import DEFAULT_MIN_GAIN, Decision, Measurement, decide
-from tuner.nightly.report import write_outputs
-from tuner.report import summarize_study
-from tuner.study import (
-    StudyPlan,
-    StudyProgress,
-    enqueue_baseline,
-    open_study,
-    run_study,
-    verdict_of,
-)
-from tuner.trace.stats import trace_stats
+from prefill_tuner.engines.base import TrialEngine
+from prefill_tuner.evaluation import verdict_of
+from prefill_tuner.nightly.plan import NightlyPlan
+from prefill_tuner.nightly.promotion import Decision, Measurement, decide
+from prefill_tuner.nightly.report import write_outputs
+from prefill_tuner.objectives.scoring import statistic
+from prefill_tuner.plan import StudyPlan
+from prefill_tuner.report import summarize_study
+from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.search_spaces.render import serve_command
+from prefill_tuner.search_spaces.space import knob_availability
+from prefill_tuner.storage.models import NightlyRun
+from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study import StudyProgress, enqueue_baseline, open_study, run_study
+from prefill_tuner.trace.stats import trace_stats
 
 EXIT_KEPT = 0
 EXIT_PROMOTED = 3
 EXIT_NOTHING_MEETS_SLOS = 4
 EXIT_CODES = {"keep": EXIT_KEPT, "promote": EXIT_PROMOTED, "none": EXIT_NOTHING_MEETS_SLOS}
-
-
-@dataclass(frozen=True)
-class NightlyPlan:
-    """What ``tune nightly`` was asked to do."""
-
-    family: str
-    plan: StudyPlan
-    """The study plan of the night (its name is replaced by the generation's)."""
-    report_dir: Path
-    repeats: int = 3
-    """Runs per configuration when re-measuring (1 on a deterministic engine)."""
-    min_gain: float = DEFAULT_MIN_GAIN
-    deadline_s: float | None = None
-    """Wall-clock limit for the whole night; the search gets what the measurements leave."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Traces: reading public formats, shaping, synthetic workloads, statistics, native writing."""
 
-from tuner.trace.model import Adjustment, Request, Trace, TraceSource
-from tuner.trace.readers import FORMAT_ALIASES, detect_format, read_trace
-from tuner.trace.shaping import ShapeOptions, shape
+from prefill_tuner.trace.model import Adjustment, Request, Trace, TraceSource
+from prefill_tuner.trace.readers import FORMAT_ALIASES, detect_format, read_trace
+from prefill_tuner.trace.shaping import ShapeOptions, shape
 
 __all__ = [
     "FORMAT_ALIASES",

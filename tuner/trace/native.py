@@ -14,9 +14,9 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from tuner.files import atomic_text
-from tuner.trace.model import Request
-from tuner.trace.readers import MOONCAKE_BLOCK_SIZE
+from prefill_tuner.files import atomic_text
+from prefill_tuner.trace.model import Request
+from prefill_tuner.trace.readers import MOONCAKE_BLOCK_SIZE
 
 
 def native_lines(requests: Iterable[Request]) -> Iterator[str]:

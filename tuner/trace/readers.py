@@ -37,8 +37,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import TraceError
-from tuner.trace.model import Adjustment, Request, Trace, TraceSource
+from prefill_tuner.errors import TraceError
+from prefill_tuner.trace.model import Adjustment, Request, Trace, TraceSource
 
 MOONCAKE_BLOCK_SIZE = 512
 """Tokens per ``hash_ids`` block in the Mooncake traces (and our native default)."""

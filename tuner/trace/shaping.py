@@ -12,10 +12,9 @@ from dataclasses import replace
 from typing import Literal
 
 import numpy as np
+from prefill_tuner.errors import TraceError
+from prefill_tuner.trace.model import Adjustment, Request, Trace
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from tuner.errors import TraceError
-from tuner.trace.model import Adjustment, Request, Trace
 
 
 class ShapeOptions(BaseModel):
@@ -50,10 +49,6 @@ class ShapeOptions(BaseModel):
         ):
             raise ValueError("dequantize_s must be a positive number of seconds or 'auto'")
         return self
-
-    @property
-    def is_identity(self) -> bool:
-        return self == ShapeOptions()
 
 
 def shape(trace: Trace, options: ShapeOptions) -> Trace:

@@ -5,16 +5,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
-
-from objectives.percentiles import summarize
-from tuner.trace.model import Trace
+from prefill_tuner.objectives.percentiles import summarize
+from prefill_tuner.trace.model import Trace
 
 TOKEN_PERCENTILES = (50.0, 90.0, 99.0)
 
 
 @dataclass(frozen=True)
 class TraceStats:
-    """Summary statistics of a trace (definitions as in ``shared/traces/SOURCES.md``)."""
+    """Summary statistics of a trace (definitions as in docs/traces.md)."""
 
     requests: int
     duration_s: float

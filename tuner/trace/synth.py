@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-
-from tuner.errors import TunerError
-from tuner.trace.model import Request, Trace, TraceSource
+from prefill_tuner.errors import TunerError
+from prefill_tuner.trace.model import Request, Trace, TraceSource
 
 
 @dataclass(frozen=True, slots=True)

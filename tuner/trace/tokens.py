@@ -11,8 +11,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-
-from tuner.trace.model import Request
+from prefill_tuner.trace.model import Request
 
 
 def _stream(seed: int, *key: int) -> np.random.Generator:

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
-
-from tuner.study import enqueue_baseline, make_sampler
-from tuner.worker.shared import SharedStudy, quiet_optuna_warnings
+from prefill_tuner.study import enqueue_baseline, make_sampler
+from prefill_tuner.worker.shared import SharedStudy, quiet_optuna_warnings, trial_id
 
 WORKER_ATTR = "worker"
 """User attribute naming the worker that claimed a trial."""
@@ -36,6 +35,8 @@ class Claimed:
     """Run this trial."""
 
     trial: optuna.Trial
+    trial_id: int
+    """The trial's id in the storage (its heartbeats are recorded under it)."""
     retry_of: int | None
     """The number of the trial it retries (whose worker died), if any."""
 
@@ -75,10 +76,13 @@ def claim_trial(shared: SharedStudy) -> Claim:
         # WAITING trial keeps the parameters it was queued with.
         study.sampler = make_sampler(plan.sampler, plan.seed + len(trials), plan.startup_trials)
         trial = study.ask()
-        shared.heartbeat.record_heartbeat(trial._trial_id)
+        claimed_id = trial_id(shared, trial)
+        shared.storage.record_heartbeat(claimed_id)
         trial.set_user_attr(WORKER_ATTR, shared.worker)
-        retry_of = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen_trial(trial))
-        return Claimed(trial, retry_of)
+        retry_of = RetryHeartbeatStaleTrialCallback.retried_trial_number(
+            shared.storage.get_trial(claimed_id)
+        )
+        return Claimed(trial, claimed_id, retry_of)
 
 
 def give_up(shared: SharedStudy, trial: optuna.Trial) -> int | None:
@@ -87,14 +91,9 @@ def give_up(shared: SharedStudy, trial: optuna.Trial) -> int | None:
     when another worker had already failed it as stale."""
     with shared.store.study_lock(shared.record), quiet_optuna_warnings():
         # Only claims fail stale trials, under this same lock: the state cannot change here.
-        if frozen_trial(trial).state.is_finished():
+        if shared.storage.get_trial(trial_id(shared, trial)).state.is_finished():
             return None
         frozen = shared.study.tell(trial, state=TrialState.FAIL)
         # Not the trial's fault: queued again whatever its retries so far.
         RetryHeartbeatStaleTrialCallback()(shared.study, frozen)
         return frozen.number
-
-
-def frozen_trial(trial: optuna.Trial) -> optuna.trial.FrozenTrial:
-    """The trial as stored now (Optuna's ask/tell API has no public accessor for this)."""
-    return trial.study._storage.get_trial(trial._trial_id)

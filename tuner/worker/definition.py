@@ -15,15 +15,14 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from prefill_tuner.engines.base import TrialEngine
+from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.slo import parse_slos
+from prefill_tuner.plan import StudyPlan
+from prefill_tuner.search_spaces.space import Dropped, KnobRange, SearchSpace, knob_availability
+from prefill_tuner.storage.models import StudyRecord
+from prefill_tuner.trace import ShapeOptions, load_trace
 from pydantic import ValidationError
-
-from objectives.slo import parse_slos
-from search_spaces.space import Dropped, KnobRange, SearchSpace, knob_availability
-from storage.models import StudyRecord
-from tuner.engines.base import TrialEngine
-from tuner.errors import TunerError
-from tuner.study import StudyPlan
-from tuner.trace import ShapeOptions, load_trace
 
 DEFINITION_VERSION = 1
 

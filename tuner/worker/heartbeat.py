@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from types import TracebackType
 
-from tuner.worker.shared import HeartbeatStorage
+from optuna.storages import BaseStorage
 
 
 class Heartbeat:
@@ -17,7 +17,7 @@ class Heartbeat:
     than the grace period is failed and retried by another worker.
     """
 
-    def __init__(self, storage: HeartbeatStorage, trial_id: int, interval: float) -> None:
+    def __init__(self, storage: BaseStorage, trial_id: int, interval: float) -> None:
         self.storage, self.trial_id, self.interval = storage, trial_id, interval
         self.error: Exception | None = None
         self._stop = threading.Event()

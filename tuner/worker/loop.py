@@ -9,11 +9,10 @@ from dataclasses import dataclass
 
 import optuna
 from optuna.trial import TrialState
-
-from tuner.study import StudyProgress, TrialObjective, TrialResult
-from tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
-from tuner.worker.heartbeat import Heartbeat
-from tuner.worker.shared import SharedStudy, quiet_optuna_warnings
+from prefill_tuner.study import StudyProgress, TrialObjective, TrialResult
+from prefill_tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
+from prefill_tuner.worker.heartbeat import Heartbeat
+from prefill_tuner.worker.shared import SharedStudy, quiet_optuna_warnings
 
 
 @dataclass
@@ -61,14 +60,14 @@ def run_worker(
             continue
         was_waiting = False
         events.claimed(claim)
-        ran += _run_trial(shared, claim.trial, heartbeat_interval, events)
+        ran += _run_trial(shared, claim, heartbeat_interval, events)
 
 
 def _run_trial(
-    shared: SharedStudy, trial: optuna.Trial, heartbeat_interval: float, events: WorkerEvents
+    shared: SharedStudy, claim: Claimed, heartbeat_interval: float, events: WorkerEvents
 ) -> bool:
     """Run one claimed trial and tell its result; whether it was completed."""
-    study = shared.study
+    study, trial = shared.study, claim.trial
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     objective = TrialObjective(
         shared.plan,
@@ -79,7 +78,7 @@ def _run_trial(
         finished,
     )
     try:
-        with Heartbeat(shared.heartbeat, trial._trial_id, heartbeat_interval):
+        with Heartbeat(shared.storage, claim.trial_id, heartbeat_interval):
             values = objective(trial)
     except optuna.exceptions.UpdateFinishedTrialError:
         events.lost(trial.number)

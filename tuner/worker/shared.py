@@ -7,16 +7,15 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
 
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-
-from storage.models import StudyRecord
-from storage.store import TunerStore, redact_url
-from tuner.engines.base import TrialEngine
-from tuner.errors import TunerError
-from tuner.study import StudyPlan, study_directions
+from prefill_tuner.engines.base import TrialEngine
+from prefill_tuner.errors import TunerError
+from prefill_tuner.plan import StudyPlan
+from prefill_tuner.storage.models import StudyRecord
+from prefill_tuner.storage.store import TunerStore, redact_url
+from prefill_tuner.study import study_directions
 
 MAX_RETRIES = 2
 """Times a dead worker's trial is queued again: a trial that kills every worker that runs it
@@ -24,17 +23,15 @@ MAX_RETRIES = 2
 a new one."""
 
 
-class HeartbeatStorage(Protocol):
-    def record_heartbeat(self, trial_id: int) -> None: ...
-
-
 @dataclass(frozen=True)
 class SharedStudy:
     """One worker's handles on the shared study."""
 
     study: optuna.Study
-    heartbeat: HeartbeatStorage
-    """Optuna's storage, where trials' heartbeats are recorded."""
+    storage: RDBStorage
+    """Optuna's storage, which this worker created: trials' heartbeats are recorded there."""
+    study_id: int
+    """The study's id in that storage."""
     store: TunerStore
     record: StudyRecord
     plan: StudyPlan
@@ -71,7 +68,8 @@ def open_shared_study(
         ) from None
     if list(study.directions) != study_directions(plan):
         raise TunerError(f"study {plan.name!r} has other objectives than its record says")
-    return SharedStudy(study, storage, store, record, plan, engine, worker)
+    study_id = storage.get_study_id_from_name(plan.name)
+    return SharedStudy(study, storage, study_id, store, record, plan, engine, worker)
 
 
 @contextmanager
@@ -81,3 +79,9 @@ def quiet_optuna_warnings() -> Iterator[None]:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", message="Heartbeat of storage")
         yield
+
+
+def trial_id(shared: SharedStudy, trial: optuna.Trial) -> int:
+    """The storage's id of a trial, asked of the storage by study and trial number (Optuna's
+    ``Trial`` has no public accessor for it)."""
+    return shared.storage.get_trial_id_from_study_id_trial_number(shared.study_id, trial.number)

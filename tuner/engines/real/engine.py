@@ -19,27 +19,27 @@ from typing import Any
 
 import httpx
 import numpy as np
-
-from objectives.early_abort import EarlyAbortRule
-from objectives.metrics import summarize_run
-from search_spaces.knobs import KNOBS
-from search_spaces.render import flag_name, serve_args
-from search_spaces.space import EngineCapabilities
-from tuner.engines.base import CutShort, EngineRun
-from tuner.engines.real.guard import DEFAULT_HANG_TIMEOUT_S, ReplayGuard
-from tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
-from tuner.engines.real.replay import ReplayOptions, ReplayResult, ReplayState, replay
-from tuner.engines.real.signals import (
+from prefill_tuner import defaults
+from prefill_tuner.engines.base import CutShort, EngineRun
+from prefill_tuner.engines.real.guard import ReplayGuard
+from prefill_tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
+from prefill_tuner.engines.real.replay import ReplayOptions, ReplayResult, ReplayState, replay
+from prefill_tuner.engines.real.signals import (
     MetricsWatch,
     config_mismatches,
     parse_iteration_log,
     server_config,
     step_summary,
 )
-from tuner.engines.vllm_python import run_vllm_script
-from tuner.errors import TunerError
-from tuner.files import atomic_text
-from tuner.trace.model import Trace
+from prefill_tuner.engines.vllm_python import run_vllm_script
+from prefill_tuner.errors import TunerError
+from prefill_tuner.files import atomic_text
+from prefill_tuner.objectives.early_abort import EarlyAbortRule
+from prefill_tuner.objectives.metrics import summarize_run
+from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.search_spaces.render import flag_name, serve_args
+from prefill_tuner.search_spaces.space import EngineCapabilities
+from prefill_tuner.trace.model import Trace
 
 VLLM_ARGS = Path(__file__).resolve().parent.parent / "vllm_args.py"
 ITERATION_FLAG = "--enable-logging-iteration-details"
@@ -91,9 +91,9 @@ class VllmEngine:
         serve_command: Sequence[str] = (),
         server_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
-        log_dir: Path = Path("tune-logs"),
+        log_dir: Path = defaults.LOG_DIR,
         startup_timeout_s: float = 600.0,
-        hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
+        hang_timeout_s: float = defaults.HANG_TIMEOUT_S,
     ) -> None:
         self.model = model
         self.python = python or sys.executable

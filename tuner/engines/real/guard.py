@@ -3,7 +3,7 @@ early-abort rule finds its SLO verdict certain.
 
 A crash or a hang is a failure of the trial (the study learns to avoid that region); an early
 abort is not: the trial is complete, infeasible, with lower bounds of what it would have
-measured (:mod:`objectives.early_abort`).
+measured (:mod:`prefill_tuner.objectives.early_abort`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ import contextlib
 
 import httpx
 import numpy as np
-
-from objectives.early_abort import Certainty, EarlyAbortRule
-from tuner.engines.real.launcher import VllmServer, classify_failure
-from tuner.engines.real.replay import ReplayState
+from prefill_tuner import defaults
+from prefill_tuner.engines.real.launcher import VllmServer, classify_failure
+from prefill_tuner.engines.real.replay import ReplayState
+from prefill_tuner.objectives.early_abort import Certainty, EarlyAbortRule
 
 CHECK_INTERVAL_S = 0.5
-DEFAULT_HANG_TIMEOUT_S = 120.0
-"""Requests in flight with no token and no completion for this long: the server hung."""
 
 
 class ReplayGuard:
@@ -31,7 +29,7 @@ class ReplayGuard:
         server: VllmServer,
         state: ReplayState,
         rule: EarlyAbortRule | None = None,
-        hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
+        hang_timeout_s: float = defaults.HANG_TIMEOUT_S,
     ) -> None:
         self.server, self.state, self.rule = server, state, rule
         self.hang_timeout_s = hang_timeout_s

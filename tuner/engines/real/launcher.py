@@ -1,7 +1,7 @@
 """Starting and stopping a vLLM server for one trial, leaving nothing behind.
 
 The server runs in its own process group (not its own session: started with ``setsid`` the
-replay client was starved for seconds at a time on small machines, DESIGN.md section 4), on a
+replay client was starved for seconds at a time on small machines, docs/cpu-recipe.md), on a
 free localhost port, with its output in a log file per trial. It is stopped with SIGTERM to
 that group, then SIGKILL if it lingers. If the tuner itself dies without cleaning up (SIGKILL,
 a crash of the interpreter), the kernel sends the server SIGTERM (``PR_SET_PDEATHSIG``), and the
@@ -25,8 +25,7 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
-
-from tuner.errors import TunerError
+from prefill_tuner.errors import TunerError
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|CREDENTIAL)", re.IGNORECASE)

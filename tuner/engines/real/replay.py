@@ -2,7 +2,7 @@
 
 Each request is sent when its (scaled) arrival time comes, to ``/v1/completions`` with a prompt
 of exactly its token count as token ids (no tokenizer needed; requests sharing prefix-block ids
-share their leading tokens, see :mod:`tuner.trace.tokens`), ``max_tokens`` set to its output
+share their leading tokens, see :mod:`prefill_tuner.trace.tokens`), ``max_tokens`` set to its output
 length, ``ignore_eos`` and a streamed usage report. Every token's arrival time is recorded.
 The client measures its own lateness (how far behind schedule each request went out), so a
 saturated client is never mistaken for a slow server. Requests that fail, time out, or are
@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import httpx
 import numpy as np
-
-from objectives.early_abort import Snapshot
-from objectives.metrics import RequestRecord
-from tuner.trace.model import Request, Trace
-from tuner.trace.tokens import prompt_token_ids
+from prefill_tuner.objectives.early_abort import Snapshot
+from prefill_tuner.objectives.metrics import RequestRecord
+from prefill_tuner.trace.model import Request, Trace
+from prefill_tuner.trace.tokens import prompt_token_ids
 
 LATE_WARNING_S = 0.05
 """A replay whose p99 lateness exceeds this is reported as client-bound."""

@@ -2,12 +2,12 @@
 
 Its scheduling decisions match vLLM's step for step (``tests/test_sim_vs_vllm.py`` drives
 vLLM's own ``Scheduler`` to check); its step durations come from a profile
-(:mod:`tuner.engines.sim.cost_model`).
+(:mod:`prefill_tuner.engines.sim.cost_model`).
 """
 
-from tuner.engines.sim.config import SimConfig
-from tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile, load_profile
-from tuner.engines.sim.engine import SimResult, StepRecord, simulate
+from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile, load_profile
+from prefill_tuner.engines.sim.engine import SimResult, StepRecord, simulate
 
 __all__ = [
     "ConstantProfile",

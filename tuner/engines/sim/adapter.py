@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefill_tuner.engines.base import EngineRun
+from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile
+from prefill_tuner.engines.sim.engine import SIMULATOR_VERSION, simulate
+from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.early_abort import EarlyAbortRule
+from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.search_spaces.space import EngineCapabilities
+from prefill_tuner.trace.model import Trace
 from pydantic import ValidationError
-
-from objectives.early_abort import EarlyAbortRule
-from search_spaces.knobs import KNOBS
-from search_spaces.space import EngineCapabilities
-from tuner.engines.base import EngineRun
-from tuner.engines.sim.config import SimConfig
-from tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile
-from tuner.engines.sim.engine import SIMULATOR_VERSION, simulate
-from tuner.errors import TunerError
-from tuner.trace.model import Trace
 
 
 class SimEngine:

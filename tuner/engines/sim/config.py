@@ -7,13 +7,18 @@ vLLM's ``SchedulerConfig`` so that no simulated trial uses a config vLLM would r
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
+
+from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile
+from prefill_tuner.errors import TunerError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class SimConfig(BaseModel):
     """Scheduler and KV-cache settings of one simulated engine (vLLM V1 semantics)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Each field's docstring is its description: `tune simulate --help` shows it.
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     max_num_batched_tokens: int = Field(default=8192, ge=1)
     """Token budget of one step (vLLM's default for ``vllm serve`` on H100-class GPUs)."""
@@ -62,3 +67,32 @@ class SimConfig(BaseModel):
     @property
     def usable_blocks(self) -> int:
         return self.num_gpu_blocks - 1
+
+
+def resolve_config(
+    profile: ConstantProfile | RooflineProfile,
+    settings: dict[str, Any],
+    kv_cache_memory_bytes: int | None = None,
+) -> SimConfig:
+    """The engine config vLLM would build: the user's settings over the profile's hardware
+    defaults over vLLM's; ``kv_cache_memory_bytes`` sizes the KV pool as vLLM's flag of that
+    name does. A setting vLLM would refuse is a one-line :class:`TunerError` naming its flag."""
+    values = dict(profile.engine_defaults)
+    values.update({key: value for key, value in settings.items() if value is not None})
+    if kv_cache_memory_bytes is not None:
+        if settings.get("num_gpu_blocks") is not None:
+            raise TunerError("give --num-gpu-blocks or --kv-cache-memory-bytes, not both")
+        if not isinstance(profile, RooflineProfile):
+            raise TunerError(
+                "--kv-cache-memory-bytes needs a profile with kv_bytes_per_token "
+                "(a roofline profile); give --num-gpu-blocks instead"
+            )
+        size = int(values.get("block_size", SimConfig.model_fields["block_size"].default))
+        values["num_gpu_blocks"] = int(kv_cache_memory_bytes // (size * profile.kv_bytes_per_token))
+    try:
+        return SimConfig(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = "--" + str(first["loc"][0]).replace("_", "-") + ": " if first["loc"] else ""
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise TunerError(f"invalid engine config: {field}{message}") from None

@@ -1,8 +1,8 @@
 """Check the simulator against vLLM's own scheduler, step for step.
 
 Builds the same requests for both (prompt token ids derived from the trace's prefix blocks, so
-prefix hits match), runs :mod:`tuner.engines.sim.vllm_reference` in a Python that has vLLM, and
-compares every step's tokens per request, preemptions and finishes.
+prefix hits match), runs :mod:`prefill_tuner.engines.sim.vllm_reference` in a Python that has
+vLLM, and compares every step's tokens per request, preemptions and finishes.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.engines.sim.config import SimConfig
-from tuner.engines.sim.cost_model import ConstantProfile
-from tuner.engines.sim.engine import StepRecord, simulate
-from tuner.engines.vllm_python import run_vllm_script
-from tuner.errors import TunerError
-from tuner.trace.model import Trace
-from tuner.trace.tokens import prompt_token_ids
+from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.cost_model import ConstantProfile
+from prefill_tuner.engines.sim.engine import StepRecord, simulate
+from prefill_tuner.engines.vllm_python import run_vllm_script
+from prefill_tuner.errors import TunerError
+from prefill_tuner.trace.model import Trace
+from prefill_tuner.trace.tokens import prompt_token_ids
 
 REFERENCE_SCRIPT = Path(__file__).with_name("vllm_reference.py")
 TOKEN_LOW, TOKEN_HIGH = 16, 4096

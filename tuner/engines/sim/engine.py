@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-
-from objectives.metrics import RequestRecord, RunMetrics, summarize_run
-from tuner import __version__
-from tuner.engines.sim.config import SimConfig
-from tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile, StepShape
-from tuner.engines.sim.request import PrefixInterner, SimRequest, Status
-from tuner.engines.sim.scheduler import Scheduler, StepPlan
-from tuner.trace.model import Trace
+from prefill_tuner import __version__
+from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile, StepShape
+from prefill_tuner.engines.sim.request import PrefixInterner, SimRequest, Status
+from prefill_tuner.engines.sim.scheduler import Scheduler, StepPlan
+from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics, summarize_run
+from prefill_tuner.trace.model import Trace
 
 SIMULATOR_VERSION = f"tuner-sim {__version__} (vLLM V1 scheduler, synchronous)"
 
@@ -84,7 +83,26 @@ class SimResult:
     stalled: str | None = None
     """Why the run stopped before serving everything (a request that can never be admitted)."""
     engine_version: str = SIMULATOR_VERSION
-    notes: list[str] = field(default_factory=list)
+
+    def summary(self, trace: Trace) -> dict[str, object]:
+        """Everything worth keeping from a run of ``trace``, JSON-ready (NaN left as is)."""
+        return {
+            "engine": self.engine_version,
+            "profile": self.profile,
+            "config": self.config.model_dump(),
+            "trace": None if trace.source is None else trace.source.path,
+            "adjustments": [str(note) for note in trace.adjustments],
+            "metrics": self.metrics.as_dict(),
+            "steps": self.steps,
+            "preemptions": self.preemptions,
+            "peak_kv_blocks": self.peak_kv_blocks,
+            "usable_kv_blocks": self.usable_kv_blocks,
+            "peak_kv_usage": self.peak_kv_usage,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
+            "stalled": self.stalled,
+            "wall_s": self.wall_s,
+        }
 
     @property
     def peak_kv_usage(self) -> float:

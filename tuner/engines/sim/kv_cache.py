@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from tuner.engines.sim.request import SimRequest, Status
+from prefill_tuner.engines.sim.request import SimRequest, Status
 
 
 class KVCache:

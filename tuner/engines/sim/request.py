@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from tuner.trace.model import Request
+from prefill_tuner.trace.model import Request
 
 _POSITION_BITS = 24
 """Bits for a KV block's index inside a request in a block key (16M blocks: ample)."""

@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from tuner.engines.sim.config import SimConfig
-from tuner.engines.sim.kv_cache import KVCache
-from tuner.engines.sim.request import SimRequest, Status
+from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.kv_cache import KVCache
+from prefill_tuner.engines.sim.request import SimRequest, Status
 
 
 @dataclass(slots=True)

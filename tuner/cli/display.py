@@ -1,0 +1,307 @@
+"""What the commands print: consoles, the study header, the progress display, one line per
+trial, and the stop signal handler every long-running command installs."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
+
+import optuna
+from prefill_tuner.engines.sim import SimResult
+from prefill_tuner.objectives.scoring import Objective
+from prefill_tuner.objectives.slo import format_seconds
+from prefill_tuner.plan import RATE_MULTIPLIER, StudyPlan
+from prefill_tuner.study import StudyProgress, TrialResult
+from prefill_tuner.trace import Trace
+from prefill_tuner.trace.stats import TraceStats
+from prefill_tuner.worker.claim import Claimed, Wait
+from prefill_tuner.worker.loop import WorkerEvents
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+EXIT_INTERRUPTED = 130
+"""Exit code after Ctrl-C or SIGTERM, as a shell reports a command killed by SIGINT."""
+
+
+def output_console() -> Console:
+    """Rich console for results: a terminal's own width, or wide lines when piped (for grep)."""
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    return console
+
+
+def error_console() -> Console:
+    """Rich console on stderr for progress and notes (stdout keeps the results)."""
+    return Console(stderr=True, highlight=False)
+
+
+def json_safe(value: object) -> object:
+    """JSON has no NaN: write null instead."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def quiet_optuna() -> None:
+    """Optuna logs every trial at INFO; our own display says what matters."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("optuna").setLevel(logging.ERROR)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """A stopped container or service (SIGTERM) stops the command as Ctrl-C does: the running
+    trial's server is stopped and finished trials are kept."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def print_study_header(console: Console, plan: StudyPlan, trace_name: str, version: str) -> None:
+    """What is about to be tuned: the study, the trace, the engine, the space."""
+    console.print(
+        escape(f"study {plan.name} on {trace_name} ({len(plan.trace):,} requests) with {version}"),
+        soft_wrap=True,
+    )
+    for line in plan.space.describe():
+        console.print(escape(f"  search {line}"), soft_wrap=True)
+    for dropped in plan.space.dropped:
+        console.print(escape(f"  dropped {dropped}"), soft_wrap=True)
+    for note in plan.trace.adjustments:
+        console.print(escape(f"  trace: {note}"), soft_wrap=True)
+
+
+class ProgressDisplay:
+    """A progress bar with the best feasible result so far (and, when trials take minutes, a
+    line per finished trial)."""
+
+    def __init__(self, console: Console, plan: StudyPlan, verbose: bool = False) -> None:
+        self.plan, self.verbose = plan, verbose
+        self.bar = Progress(
+            TextColumn("[bold]trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=False,
+        )
+        self.task = self.bar.add_task("no feasible trial yet", total=None)
+        self.best: TrialResult | None = None
+        self.progress = StudyProgress(on_start=self._start, on_trial=self._trial)
+
+    def __enter__(self) -> ProgressDisplay:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def _start(self, finished: int, remaining: int) -> None:
+        self.bar.update(self.task, total=finished + remaining, completed=finished)
+
+    def _trial(self, result: TrialResult) -> None:
+        objectives = self.plan.objectives
+        if result.verdict.feasible:
+            first = objectives[0]
+            better = self.best is None or (result.values[0] < self.best.values[0]) == (
+                first.direction == "minimize"
+            )
+            if better:
+                self.best = result
+        description = "no feasible trial yet"
+        if self.best is not None:
+            shown = ", ".join(
+                f"{o.name} {format_value(o.name, v)}"
+                for o, v in zip(objectives, self.best.values, strict=True)
+            )
+            description = f"best feasible (trial {self.best.number}): {shown}"
+        self.bar.update(self.task, advance=1, description=escape(description))
+        if self.verbose:
+            self.bar.console.print(escape(trial_line(result, objectives)), soft_wrap=True)
+
+
+def format_value(name: str, value: float) -> str:
+    """An objective's value as people read it."""
+    return f"{value:.3g}×" if name == RATE_MULTIPLIER else format_seconds(value)
+
+
+def trial_line(result: TrialResult, objectives: Sequence[Objective]) -> str:
+    """One line per finished trial: its values, its verdict, and why it failed or was cut
+    short."""
+    shown = ", ".join(
+        f"{o.name} {'≥ ' if result.cut_short else ''}{format_value(o.name, v)}"
+        for o, v in zip(objectives, result.values, strict=True)
+    )
+    verdict = "meets the SLOs" if result.verdict.feasible else "misses the SLOs"
+    why = ""
+    if result.failure:
+        why = f"; failed: {result.failure}"
+    elif result.cut_short:
+        why = f"; cut short: {result.cut_short}"
+    return f"trial {result.number} {verdict}: {shown}{why}"
+
+
+class WorkerDisplay:
+    """One line per event, prefixed with the worker's name (logs of many machines mix)."""
+
+    def __init__(self, console: Console, worker: str, plan: StudyPlan) -> None:
+        self.console, self.worker, self.plan = console, worker, plan
+        self.interrupted = False
+
+    def say(self, text: str) -> None:
+        self.console.print(escape(f"worker {self.worker}: {text}"), soft_wrap=True)
+
+    def events(self) -> WorkerEvents:
+        return WorkerEvents(
+            claimed=self._claimed,
+            finished=self._finished,
+            waiting=self._waiting,
+            lost=lambda number: self.say(
+                f"trial {number} was failed by another worker (heartbeats late by more than "
+                "--grace) and queued again; this result is dropped"
+            ),
+            gave_up=self._gave_up,
+        )
+
+    def _claimed(self, claim: Claimed) -> None:
+        retry = f" (retry of trial {claim.retry_of})" if claim.retry_of is not None else ""
+        self.say(f"trial {claim.trial.number} started{retry}")
+
+    def _finished(self, result: TrialResult) -> None:
+        self.say(trial_line(result, self.plan.objectives))
+
+    def _waiting(self, wait: Wait) -> None:
+        self.say(f"waiting: {wait.running} trial(s) still running on other workers")
+
+    def _gave_up(self, number: int | None) -> None:
+        self.interrupted = True
+        if number is None:
+            self.say("interrupted")
+        else:
+            self.say(f"interrupted: trial {number} marked failed and queued for another worker")
+
+
+def render_sim_result(trace: Trace, result: SimResult) -> Table:
+    """The metric summary as a table."""
+    metrics = result.metrics
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    config = result.config
+    table.add_row("engine", f"{result.engine_version}; profile {result.profile}")
+    table.add_row(
+        "config",
+        f"max_num_batched_tokens={config.max_num_batched_tokens} "
+        f"max_num_seqs={config.max_num_seqs} chunked={config.enable_chunked_prefill} "
+        f"threshold={config.long_prefill_token_threshold}"
+        f"{' (adaptive)' if config.long_prefill_token_threshold_adaptive else ''} "
+        f"reserve_full_isl={config.scheduler_reserve_full_isl} "
+        f"blocks={config.num_gpu_blocks}x{config.block_size}",
+    )
+    table.add_row(
+        "requests",
+        f"{metrics.requests:,} ({metrics.completed:,} completed, {metrics.failed:,} failed)",
+    )
+    table.add_row(
+        "duration",
+        f"{metrics.duration_s:,.1f} s simulated; {metrics.request_throughput:.2f} req/s, "
+        f"{metrics.output_throughput:,.0f} output tok/s",
+    )
+    latency = Table(box=None, pad_edge=False)
+    latency.add_column("ms")
+    for key in ("mean", "p50", "p90", "p99", "max"):
+        latency.add_column(key, justify="right")
+    for name, summary in (
+        ("TTFT", metrics.ttft_s),
+        ("TPOT", metrics.tpot_s),
+        ("ITL", metrics.itl_s),
+        ("E2E", metrics.e2el_s),
+    ):
+        latency.add_row(
+            name, *(f"{summary[key] * 1000:,.1f}" for key in ("mean", "p50", "p90", "p99", "max"))
+        )
+    table.add_row("latency", latency)
+    table.add_row(
+        "engine load",
+        f"{result.steps:,} steps; {result.preemptions:,} preemptions; peak KV "
+        f"{result.peak_kv_usage:.1%} of {result.usable_kv_blocks:,} blocks",
+    )
+    if result.prefix_cache_queries:
+        rate = result.prefix_cache_hits / result.prefix_cache_queries
+        table.add_row(
+            "prefix cache",
+            f"{rate:.1%} of {result.prefix_cache_queries:,} prompt tokens looked up were hits",
+        )
+    if metrics.single_token_requests:
+        table.add_row("note", f"{metrics.single_token_requests:,} one-token requests have no TPOT")
+    for reason, count in metrics.failure_reasons.items():
+        table.add_row("failed", f"{count:,}: {reason}")
+    for note in trace.adjustments:
+        table.add_row("note", str(note))
+    table.add_row("wall time", f"{result.wall_s:.2f} s")
+    return table
+
+
+def render_stats(trace: Trace, stats: TraceStats) -> Table:
+    """The stats as a two-column table (a token sub-table inside)."""
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    if trace.source is not None:
+        digest = f", sha256 {trace.source.sha256[:12]}…" if trace.source.sha256 else ""
+        table.add_row("trace", f"{trace.source.path} ({trace.source.format}{digest})")
+    table.add_row("requests", f"{stats.requests:,}")
+    table.add_row("duration", f"{stats.duration_s:,.1f} s ({stats.duration_s / 60:,.1f} min)")
+    table.add_row("mean rate", f"{stats.mean_rate:.2f} req/s")
+    table.add_row(
+        "burstiness",
+        f"index of dispersion {stats.index_of_dispersion:.2f} (1 = Poisson); "
+        f"at most {stats.max_per_second} requests in one second",
+    )
+    tokens = Table(box=None, pad_edge=False)
+    tokens.add_column("tokens")
+    for key in ("p50", "p90", "p99", "max", "mean"):
+        tokens.add_column(key, justify="right")
+    for name, summary in (("prompt", stats.prompt_tokens), ("output", stats.output_tokens)):
+        tokens.add_row(name, *(f"{summary[k]:,.0f}" for k in ("p50", "p90", "p99", "max", "mean")))
+    table.add_row("lengths", tokens)
+    table.add_row(
+        "offered load",
+        f"{_si(stats.prompt_tokens_per_s)} prompt tok/s, {_si(stats.output_tokens_per_s)} "
+        "output tok/s",
+    )
+    if stats.prefix_reuse is None:
+        table.add_row("prefix reuse", "no prefix-block ids in this trace")
+    else:
+        table.add_row(
+            "prefix reuse",
+            f"{stats.prefix_reuse:.1%} of {stats.prefix_blocks:,} prefix blocks were seen "
+            "before (upper bound on the prefix-cache hit rate)",
+        )
+    for note in trace.adjustments:
+        table.add_row("note", str(note))
+    return table
+
+
+def _si(value: float) -> str:
+    if not math.isfinite(value):
+        return "n/a"
+    return f"{value / 1000:.3g}k" if abs(value) >= 1000 else f"{value:.3g}"

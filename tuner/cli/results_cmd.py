@@ -1,0 +1,55 @@
+"""``tune pareto`` and ``tune export``: a stored study's results, again or for deployment."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from prefill_tuner import defaults
+from prefill_tuner.cli.display import error_console, output_console, quiet_optuna
+from prefill_tuner.cli.options import StorageOpt, StudyOpt
+from prefill_tuner.errors import TunerError
+from prefill_tuner.files import atomic_text
+from prefill_tuner.report import export, find_study, render_summary, summarize_stored
+from prefill_tuner.storage.store import TunerStore
+
+EXPORT_FORMATS = ("shell", "yaml", "json")
+
+
+def pareto_command(study_name: StudyOpt = None, storage: StorageOpt = defaults.STORAGE) -> None:
+    """Print a stored study's Pareto-optimal settings and serve lines again."""
+    quiet_optuna()
+    store = TunerStore(storage)
+    summary = summarize_stored(store, find_study(store, study_name))
+    output_console().print(render_summary(summary))
+
+
+def export_command(
+    format: Annotated[str, typer.Option("--format", help="shell, yaml or json.")] = "shell",
+    study_name: StudyOpt = None,
+    storage: StorageOpt = defaults.STORAGE,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
+    ] = None,
+) -> None:
+    """Export a study's recommended settings (and Pareto alternatives) for deployment."""
+    if format not in EXPORT_FORMATS:
+        raise TunerError(f"--format: expected shell, yaml or json, got {format!r}")
+    quiet_optuna()
+    store = TunerStore(storage)
+    name = find_study(store, study_name)
+    summary = summarize_stored(store, name)
+    if summary.recommended is None:
+        raise TunerError(
+            f"study {name}: no trial met the SLOs, nothing to export "
+            "(tune pareto shows the closest trials)"
+        )
+    text = export(summary, summary.study.model, format)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    with atomic_text(output) as stream:
+        stream.write(text)
+    error_console().print(f"wrote {output}", soft_wrap=True, markup=False)

@@ -1,0 +1,36 @@
+"""Every user-facing default, in one place: the command line and the library read them here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PROFILE = "llama-3.1-8b-h100"
+"""The simulator's step-time profile (shipped with the package)."""
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+"""The model named in serve lines (and served by ``--engine vllm``)."""
+STORAGE = "sqlite:///tune.db"
+"""Where studies are kept: an SQLite file in the working directory."""
+LOG_DIR = Path("tune-logs")
+"""Where a real engine's per-trial server logs and step traces go."""
+HANG_TIMEOUT_S = 120.0
+"""A real trial fails when requests are in flight but no token arrives for this long."""
+TRIALS = 30
+"""Trials of a study (or of one night)."""
+OBJECTIVE = "latency"
+SAMPLER = "tpe"
+STARTUP_TRIALS = 8
+"""Trials TPE samples at random before it models the results (the baseline included)."""
+CAPACITY_TOLERANCE = 0.05
+"""Relative precision of the capacity bisection."""
+MIN_GAIN = 0.05
+"""Least median gain in headroom (share of the tightest SLO limit) worth a nightly promotion."""
+REPEATS = 3
+"""Runs of the incumbent and of the challenger in a night (1 on the deterministic simulator)."""
+REPORT_DIR = Path("nightly-reports")
+HEARTBEAT_S = 15
+"""Seconds between a worker's heartbeats."""
+GRACE_S = 60
+"""Seconds without a heartbeat after which a worker is taken for dead."""
+
+SAMPLE_TRACE = Path(__file__).resolve().parent / "data" / "sample_trace.jsonl"
+"""The trace ``tune run`` replays when none is given (see ``data/README.md``)."""

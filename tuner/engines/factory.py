@@ -1,0 +1,60 @@
+"""Building the trial engine a study runs on, from options every command shares."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefill_tuner import defaults
+from prefill_tuner.engines.base import TrialEngine
+from prefill_tuner.errors import TunerError
+from prefill_tuner.search_spaces.space import parse_assignments
+
+ENGINES = ("sim", "vllm")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to run trials: on the simulator with a profile, or on real vLLM servers."""
+
+    engine: str = "sim"
+    """``sim`` (the simulated scheduler) or ``vllm`` (a real server per trial)."""
+    model: str = defaults.MODEL
+    """What a real server serves, and what serve lines name."""
+    profile: str = defaults.PROFILE
+    """The simulator's step-time profile: a shipped name or a YAML/JSON file."""
+    vllm_python: str | None = None
+    """The Python that has vLLM (default: this one)."""
+    serve_cmd: str | None = None
+    """The command the model name follows (default: ``vllm serve`` when it works)."""
+    server_args: tuple[str, ...] = field(default_factory=tuple)
+    """Extra server arguments, each a shell-quoted string (``--dtype float32``)."""
+    server_env: tuple[str, ...] = field(default_factory=tuple)
+    """``KEY=VALUE`` for the server's environment."""
+    log_dir: Path = defaults.LOG_DIR
+    """Where each real trial's server log and step trace go."""
+    hang_timeout_s: float = defaults.HANG_TIMEOUT_S
+    """A real trial fails when requests are in flight but no token arrives for this long."""
+
+
+def build_engine(options: EngineOptions) -> TrialEngine:
+    """The trial engine the options name; a real engine probes vLLM once here."""
+    if options.engine == "sim":
+        from prefill_tuner.engines.sim import load_profile
+        from prefill_tuner.engines.sim.adapter import SimEngine
+
+        return SimEngine(load_profile(options.profile))
+    if options.engine == "vllm":
+        from prefill_tuner.engines.real.engine import VllmEngine
+
+        return VllmEngine(
+            options.model,
+            python=options.vllm_python,
+            serve_command=shlex.split(options.serve_cmd or ""),
+            server_args=[arg for text in options.server_args for arg in shlex.split(text)],
+            env=parse_assignments(list(options.server_env), "--server-env"),
+            log_dir=options.log_dir,
+            hang_timeout_s=options.hang_timeout_s,
+        )
+    raise TunerError(f"--engine: expected {' or '.join(ENGINES)}, got {options.engine!r}")

@@ -1,0 +1,149 @@
+"""A study's plan (what to tune, on which trace, against which SLOs), and the one pipeline that
+builds it from what the user gave: engine → search space → trace shaping → trace → plan.
+``tune run``, ``tune worker`` (through the stored definition) and ``tune nightly`` all use it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from prefill_tuner import defaults
+from prefill_tuner.engines.base import TrialEngine
+from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.early_abort import EarlyAbortRule
+from prefill_tuner.objectives.scoring import Objective, latency_objectives
+from prefill_tuner.objectives.slo import Slo, parse_slos
+from prefill_tuner.search_spaces.space import (
+    SearchSpace,
+    build_space,
+    load_space_file,
+    parse_assignments,
+    parse_value,
+)
+from prefill_tuner.trace import load_trace
+from prefill_tuner.trace.model import Trace
+from prefill_tuner.trace.shaping import ShapeOptions
+
+RATE_MULTIPLIER = "rate_multiplier"
+"""The objective of capacity studies: the highest trace-rate multiplier meeting every SLO."""
+OBJECTIVE_MODES = ("latency", "capacity")
+SAMPLERS = ("tpe", "random")
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """Everything a study run needs, as the user asked for it."""
+
+    name: str
+    """The study's name in the storage (a resumed study keeps it)."""
+    trace: Trace
+    """The trace, already shaped."""
+    shaping: ShapeOptions
+    """How it was shaped (stored, so a resume or a worker shapes it the same way)."""
+    slos: tuple[Slo, ...]
+    space: SearchSpace
+    storage_url: str = defaults.STORAGE
+    model: str = defaults.MODEL
+    """The model named in serve lines."""
+    trials: int = defaults.TRIALS
+    """Total finished trials the study should have (a resumed study runs the rest)."""
+    objective_mode: Literal["latency", "capacity"] = defaults.OBJECTIVE  # type: ignore[assignment]
+    error_budget: float = 0.0
+    """Share of requests allowed to fail without violating the SLOs."""
+    timeout_s: float | None = None
+    """Stop starting trials after this many seconds."""
+    seed: int = 0
+    """The sampler's seed (offset by the number of trials so far on each resume)."""
+    sampler: Literal["tpe", "random"] = defaults.SAMPLER  # type: ignore[assignment]
+    startup_trials: int = defaults.STARTUP_TRIALS
+    """Trials TPE samples at random before it models the results (the baseline included)."""
+    capacity_tolerance: float = defaults.CAPACITY_TOLERANCE
+    """Relative precision of the capacity bisection: stop when hi / lo − 1 ≤ this."""
+    early_abort: bool = True
+    """Let engines stop a replay once its SLO verdict can no longer change (real engines do;
+    :mod:`prefill_tuner.objectives.early_abort`)."""
+
+    @property
+    def abort_rule(self) -> EarlyAbortRule | None:
+        if not self.early_abort:
+            return None
+        reported = tuple(o.name for o in self.objectives if o.name != RATE_MULTIPLIER)
+        return EarlyAbortRule(self.slos, self.error_budget, reported)
+
+    @property
+    def objectives(self) -> tuple[Objective, ...]:
+        if self.objective_mode == "capacity":
+            return (Objective(RATE_MULTIPLIER, "maximize"),)
+        return latency_objectives(self.slos)
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """Which trace file, how to read it, and how to shape it (the plan clips it to the
+    engine's context length)."""
+
+    path: Path
+    format: str | None = None
+    """``jsonl``, ``azure`` or ``burstgpt``; ``None``: detected from the content."""
+    sort: bool = False
+    """Sort out-of-order arrivals instead of refusing the file."""
+    shaping: ShapeOptions = field(default_factory=ShapeOptions)
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """What the user fixed (``--set``) and where knobs are searched (``--space``, which wins
+    over ``--space-file``)."""
+
+    fixed: tuple[str, ...] = ()
+    ranges: tuple[str, ...] = ()
+    space_file: Path | None = None
+
+
+def search_space_for(engine: TrialEngine, spec: SpaceSpec) -> SearchSpace:
+    """The search space for this engine; a setting it cannot take fails here, before any
+    work."""
+    values = {k: parse_value(v) for k, v in parse_assignments(list(spec.fixed), "--set").items()}
+    overrides = load_space_file(spec.space_file) if spec.space_file else {}
+    overrides.update(parse_assignments(list(spec.ranges), "--space"))
+    engine.validate_fixed(values)
+    return build_space(engine.capabilities, overrides, values)
+
+
+def build_plan(
+    engine: TrialEngine,
+    trace: TraceSpec,
+    space: SpaceSpec = SpaceSpec(),
+    *,
+    slos: list[str],
+    name: str | None = None,
+    objective_mode: str = defaults.OBJECTIVE,
+    sampler: str = defaults.SAMPLER,
+    **options: Any,
+) -> StudyPlan:
+    """Everything a study needs, checked before any trial: the SLOs, the space for this engine,
+    and the trace shaped and clipped to the engine's context length. ``options``: the other
+    :class:`StudyPlan` fields (``storage_url``, ``trials``, ``seed``, ...).
+
+    ``name`` defaults to ``TRACE-OBJECTIVE`` (the trace file's stem)."""
+    parsed_slos = parse_slos(slos)
+    if objective_mode not in OBJECTIVE_MODES:
+        raise TunerError(f"--objective: expected latency or capacity, got {objective_mode!r}")
+    if sampler not in SAMPLERS:
+        raise TunerError(f"--sampler: expected tpe or random, got {sampler!r}")
+    search = search_space_for(engine, space)
+    shaping = trace.shaping.model_copy(
+        update={"max_model_len": engine.max_model_len(search.fixed), "over_length": "clip"}
+    )
+    requests = load_trace(str(trace.path), trace.format, sort=trace.sort, options=shaping)
+    return StudyPlan(
+        name=name or f"{trace.path.stem}-{objective_mode}",
+        trace=requests,
+        shaping=shaping,
+        slos=parsed_slos,
+        space=search,
+        objective_mode=objective_mode,  # type: ignore[arg-type]
+        sampler=sampler,  # type: ignore[arg-type]
+        **options,
+    )
