@@ -1,19 +1,28 @@
-"""``tune`` whose Nth simulated run never ends: a worker for a test to kill mid-trial.
+"""``tune`` whose Nth simulated run never ends: a worker (or ``tune run``) for a test to kill
+mid-trial.
 
 ``python tests/hanging_worker.py MARKER N worker --study ...``: the Nth engine run writes MARKER
 (the test's signal that this worker is inside a trial) and then blocks, with the trial's
 heartbeat thread still beating, until the test kills the process.
+
+With ``SECOND_SIGNAL=SIGTERM`` (or ``SIGINT``) in the environment, the process sends itself
+that signal again at the start of its clean-up (re-queueing the interrupted trial): exactly
+the moment a second Ctrl-C, or systemd's second SIGTERM, would land.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+from prefill_tuner import study
 from prefill_tuner.cli import main
 from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.worker import loop
 
 
 def hang_at(marker: Path, n: int) -> None:
@@ -31,7 +40,21 @@ def hang_at(marker: Path, n: int) -> None:
     SimEngine.run = run  # type: ignore[method-assign]
 
 
+def signal_again_during_clean_up(signum: int) -> None:
+    def again(original: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            os.kill(os.getpid(), signum)
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    loop.give_up = again(loop.give_up)  # type: ignore[assignment]
+    study.requeue = again(study.requeue)  # type: ignore[assignment]
+
+
 if __name__ == "__main__":
+    if os.environ.get("SECOND_SIGNAL"):
+        signal_again_during_clean_up(signal.Signals[os.environ["SECOND_SIGNAL"]])
     marker, n, *args = sys.argv[1:]
     hang_at(Path(marker), int(n))
     sys.argv = ["tune", *args]

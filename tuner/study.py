@@ -11,7 +11,10 @@ directions of a loaded study are checked, since Optuna does not.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +58,55 @@ class StudyProgress:
     on_trial: Callable[[TrialResult], None] = lambda result: None
 
 
+RUNNER_ATTR = "runner"
+"""User attribute of a trial run by ``tune run``: the process running it (host, pid, start)."""
+LIVE = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.RUNNING,
+    optuna.trial.TrialState.WAITING,
+)
+"""States of a trial that has run or will run."""
+
+
+def _process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``None``: no such process). With
+    the pid it names a process uniquely: a reused pid has another start time."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # noqa: SIM115
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def this_runner() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid())}
+
+
+def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """Queue a trial that did not finish to run again, with the same parameters and marks
+    (a baseline stays the baseline)."""
+    attrs = {k: v for k, v in trial.user_attrs.items() if k not in (RUNNER_ATTR,)}
+    study.enqueue_trial(trial.params, user_attrs={**attrs, "retry_of": trial.number})
+
+
+def recover_orphans(study: optuna.Study) -> list[int]:
+    """Fail and queue again the RUNNING trials of ``tune run`` processes on this machine that
+    no longer exist (a SIGKILL, a power cut): without this they stay RUNNING for ever. Trials
+    of other machines, and of workers (whose heartbeats say when they died), are left alone."""
+    host = socket.gethostname()
+    recovered = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        runner = trial.user_attrs.get(RUNNER_ATTR)
+        if not isinstance(runner, dict) or runner.get("host") != host:
+            continue
+        if _process_start(int(runner.get("pid", -1))) == runner.get("start"):
+            continue  # still running
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        requeue(study, trial)
+        recovered.append(trial.number)
+    return recovered
+
+
 def make_sampler(kind: str, seed: int, startup_trials: int = 8) -> optuna.samplers.BaseSampler:
     """Multivariate TPE (fast, models knob interactions, handles constraints); or random."""
     if kind == "random":
@@ -89,21 +141,11 @@ def open_study(
             },
         )
     else:
-        mismatches = [
-            what
-            for what, stored, given in (
-                ("trace", record.trace_sha256, trace_sha),
-                ("SLOs", sorted(record.slos), sorted(slo_texts)),
-                ("objective", record.objective_mode, plan.objective_mode),
-                ("engine", record.engine, engine.name),
-                ("shaping", record.shaping, plan.shaping.model_dump()),
-            )
-            if stored != given
-        ]
-        if mismatches:
+        changes = definition_changes(record, plan, engine.name)
+        if changes:
             raise TunerError(
-                f"study {plan.name!r} exists with a different {', '.join(mismatches)}: resume it "
-                "with the same options, or start another with --study NAME"
+                f"study {plan.name!r} exists with other options ({'; '.join(changes)}): resume "
+                "it with the same options, or start another with --study NAME"
             )
     directions = study_directions(plan)
     try:
@@ -120,6 +162,49 @@ def open_study(
     if list(study.directions) != directions:
         raise TunerError(f"study {plan.name!r} has other objectives; use another --study NAME")
     return study, record
+
+
+def definition_changes(record: StudyRecord, plan: StudyPlan, engine: str) -> list[str]:
+    """What this plan changes in a stored study's definition, each as ``OPTION: the study has
+    X, this command gives Y`` (empty when it is the same study). The trial budget, seed,
+    sampler and timeout may change between runs; what decides a trial's measurement or
+    verdict may not, or one study would mix two."""
+    source = plan.trace.source
+    trace_sha = source.sha256 if source else ""
+    ranges = {name: knob.as_record() for name, knob in plan.space.ranges.items()}
+    stored_ranges = (record.definition or {}).get("ranges")
+    checks: list[tuple[str, Any, Any, Any, Any]] = [
+        ("--trace", record.trace_sha256, trace_sha, f"sha256 {record.trace_sha256[:12]}…",
+         f"sha256 {trace_sha[:12]}…"),
+        ("--slo", sorted(record.slos), sorted(str(s) for s in plan.slos), None, None),
+        ("--objective", record.objective_mode, plan.objective_mode, None, None),
+        ("--engine", record.engine, engine, None, None),
+        ("--error-budget", record.error_budget, plan.error_budget, None, None),
+        ("--set", record.space.get("fixed", {}), dict(plan.space.fixed), None, None),
+    ]  # fmt: skip
+    if stored_ranges is not None:  # recorded since workers exist
+        searched = [line for line in record.space.get("searched", []) if "(fixed)" not in line]
+        given = [line for line in plan.space.describe() if "(fixed)" not in line]
+        checks.append(("--space", stored_ranges, ranges, "; ".join(searched), "; ".join(given)))
+    stored_shaping, given_shaping = record.shaping, plan.shaping.model_dump()
+    for field in sorted(set(stored_shaping) | set(given_shaping)):
+        checks.append(
+            (f"trace shaping {field}", stored_shaping.get(field), given_shaping.get(field), None,
+             None)
+        )  # fmt: skip
+    changes = []
+    for option, stored, given, stored_text, given_text in checks:
+        if _plain(stored) != _plain(given):
+            changes.append(
+                f"{option}: the study has {stored_text or _plain(stored)}, this command gives "
+                f"{given_text or _plain(given)}"
+            )
+    return changes
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON storage returns it (tuples become lists)."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def study_directions(plan: StudyPlan) -> list[optuna.study.StudyDirection]:
@@ -150,15 +235,16 @@ def run_study(
     :func:`open_study`, when the caller already opened (and so checked) it."""
     progress = progress or StudyProgress()
     study, record = opened or open_study(plan, store, engine)
+    recover_orphans(study)
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     study.sampler = make_sampler(plan.sampler, plan.seed + len(study.trials), plan.startup_trials)
-    if not study.trials:
-        enqueue_baseline(study, plan, engine)
+    if not any(t.user_attrs.get("baseline") and t.state in LIVE for t in study.trials):
+        enqueue_baseline(study, plan, engine)  # first run, or the baseline never finished
     remaining = max(plan.trials - len(finished), 0)
     progress.on_start(len(finished), remaining)
     if remaining == 0:
         return study
-    objective = TrialObjective(plan, engine, store, record, progress, finished)
+    objective = TrialObjective(plan, engine, store, record, progress, finished, standalone=True)
     study.optimize(objective, n_trials=remaining, timeout=plan.timeout_s, catch=())
     return study
 
@@ -174,9 +260,15 @@ class TrialObjective:
         record: StudyRecord,
         progress: StudyProgress,
         finished: list[optuna.trial.FrozenTrial],
+        *,
+        standalone: bool = False,
     ) -> None:
         self.plan, self.engine, self.store, self.record = plan, engine, store, record
         self.progress = progress
+        self.standalone = standalone
+        """Trials run by this process alone (``tune run``): it marks them with its identity
+        and queues an interrupted one again itself (workers have heartbeats and
+        :func:`~prefill_tuner.worker.claim.give_up` for that)."""
         self.max_model_len = engine.max_model_len(dict(plan.space.fixed))
         # Worst objective values seen, for pessimistic values of failed trials.
         self.worst: list[float | None] = [None] * len(plan.objectives)
@@ -184,7 +276,19 @@ class TrialObjective:
             self._note_values(trial.values)
 
     def __call__(self, trial: optuna.Trial) -> list[float]:
+        try:
+            return self._run(trial)
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM mid-trial: Optuna fails the trial; its settings run again on
+            # resume (the baseline stays the baseline), so nothing asked for is lost.
+            if self.standalone:
+                requeue(trial.study, trial.study.get_trials(deepcopy=False)[trial.number])
+            raise
+
+    def _run(self, trial: optuna.Trial) -> list[float]:
         plan = self.plan
+        if self.standalone:
+            trial.set_user_attr(RUNNER_ATTR, this_runner())
         started_at, started = datetime.now(timezone.utc), time.perf_counter()
         sampled = plan.space.suggest(trial)
         settings, repairs = effective_settings(sampled, plan.space.fixed, self.max_model_len)

@@ -6,6 +6,7 @@ import sys
 
 import typer
 from prefill_tuner import __version__
+from prefill_tuner.cli.display import EXIT_INTERRUPTED
 from prefill_tuner.cli.nightly_cmd import nightly_command
 from prefill_tuner.cli.results_cmd import export_command, pareto_command
 from prefill_tuner.cli.run_cmd import run_command
@@ -59,3 +60,6 @@ def main() -> None:
     except TunerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:  # outside a study's own handling (e.g. reading a large trace)
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)

@@ -59,19 +59,33 @@ def quiet_optuna() -> None:
     logging.getLogger("optuna").setLevel(logging.ERROR)
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextmanager
-def sigterm_as_ctrl_c() -> Iterator[None]:
-    """A stopped container or service (SIGTERM) stops the command as Ctrl-C does: the running
-    trial's server is stopped and finished trials are kept."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+def stop_signals(console: Console | None = None) -> Iterator[None]:
+    """Ctrl-C and SIGTERM (a stopped container or service) stop the command the same way, once:
+    the first raises :class:`KeyboardInterrupt`, so the running trial's server is stopped, the
+    trial is failed and queued again and finished trials are kept; a second one (people press
+    Ctrl-C twice, systemd sends SIGTERM again) is ignored until that clean-up is done, so it
+    cannot leave a trial RUNNING half-recorded. SIGKILL still ends it at once."""
+    stopping = False
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if stopping:
+            if console is not None:
+                console.print("stopping: cleaning up the running trial first", markup=False)
+            return
+        stopping = True
+        raise KeyboardInterrupt
+
+    previous = {number: signal.signal(number, handle) for number in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def print_study_header(console: Console, plan: StudyPlan, trace_name: str, version: str) -> None:

@@ -14,7 +14,7 @@ from prefill_tuner.cli.display import (
     error_console,
     print_study_header,
     quiet_optuna,
-    sigterm_as_ctrl_c,
+    stop_signals,
 )
 from prefill_tuner.cli.options import (
     ENGINE,
@@ -126,7 +126,7 @@ def nightly_command(
 
     try:
         with (
-            sigterm_as_ctrl_c(),
+            stop_signals(err),
             ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display,
         ):
             outcome = retune(nightly, trial_engine, store, display.progress, say)

@@ -16,7 +16,7 @@ from prefill_tuner.cli.display import (
     output_console,
     print_study_header,
     quiet_optuna,
-    sigterm_as_ctrl_c,
+    stop_signals,
 )
 from prefill_tuner.cli.options import (
     ENGINE,
@@ -104,12 +104,6 @@ def run_command(
     """Tune the scheduler settings for a trace and SLOs; print the Pareto-optimal settings."""
     err = error_console()
     bundled = trace_file == defaults.SAMPLE_TRACE
-    if bundled:
-        err.print(
-            "no --trace given: tuning on the bundled sample (4 minutes of the Mooncake "
-            "conversation trace, slowed 10×); give --trace FILE to tune on your own traffic",
-            soft_wrap=True,
-        )
     trial_engine = build_engine(dataclasses.replace(engine, model=model))
     plan = build_plan(
         trial_engine,
@@ -128,13 +122,19 @@ def run_command(
         capacity_tolerance=capacity_tolerance,
         early_abort=early_abort,
     )
-    print_study_header(
-        err, plan, "the bundled sample" if bundled else str(trace_file), trial_engine.version
-    )
     quiet_optuna()
     store = TunerStore(storage)
     opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
     store.record_definition(opened[1], trials, definition_of(plan, sort=trace.sort))
+    if bundled:
+        err.print(
+            "no --trace given: tuning on the bundled sample (4 minutes of the Mooncake "
+            "conversation trace, slowed 10×); give --trace FILE to tune on your own traffic",
+            soft_wrap=True,
+        )
+    print_study_header(
+        err, plan, "the bundled sample" if bundled else str(trace_file), trial_engine.version
+    )
     if create_only:
         worker = ["tune", "worker", "--study", plan.name]
         hidden = redact_url(storage) != storage
@@ -154,7 +154,7 @@ def run_command(
     interrupted = False
     # A line per trial when trials take minutes (a real engine); the bar alone otherwise.
     with (
-        sigterm_as_ctrl_c(),
+        stop_signals(err),
         ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display,
     ):
         try:

@@ -15,7 +15,7 @@ from prefill_tuner.cli.display import (
     WorkerDisplay,
     error_console,
     quiet_optuna,
-    sigterm_as_ctrl_c,
+    stop_signals,
 )
 from prefill_tuner.cli.options import ENGINE, StorageOpt, with_options
 from prefill_tuner.engines.factory import EngineOptions, build_engine
@@ -103,7 +103,7 @@ def worker_command(
         f"{len(plan.trace):,} requests, on {trial_engine.version}"
     )
     try:
-        with sigterm_as_ctrl_c():
+        with stop_signals(display.console):
             summary = run_worker(shared, heartbeat, display.events())
     except KeyboardInterrupt:
         if not display.interrupted:
