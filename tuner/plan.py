@@ -4,6 +4,7 @@ builds it from what the user gave: engine → search space → trace shaping →
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,10 @@ from prefill_tuner.search_spaces.space import (
 from prefill_tuner.trace import load_trace
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.shaping import ShapeOptions
+
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""A study name: it becomes part of file and folder names (logs, nightly reports), so only
+letters, digits, ``.``, ``_`` and ``-``, not starting with a dot or dash (no ``..``, no ``/``)."""
 
 RATE_MULTIPLIER = "rate_multiplier"
 """The objective of capacity studies: the highest trace-rate multiplier meeting every SLO."""
@@ -101,6 +106,22 @@ class SpaceSpec:
     space_file: Path | None = None
 
 
+def check_study_name(name: str, option: str = "--study") -> str:
+    """``name``, if it is a safe study name (:data:`STUDY_NAME`); a one-line error if not."""
+    if not STUDY_NAME.fullmatch(name):
+        raise TunerError(
+            f"{option} {name!r}: a study name is 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def default_study_name(trace: Path, objective_mode: str) -> str:
+    """``TRACE-OBJECTIVE`` from the trace file's name, made safe."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", trace.stem).strip("-._")[:80] or "trace"
+    return f"{stem}-{objective_mode}"
+
+
 def search_space_for(engine: TrialEngine, spec: SpaceSpec) -> SearchSpace:
     """The search space for this engine; a setting it cannot take fails here, before any
     work."""
@@ -138,7 +159,11 @@ def build_plan(
     )
     requests = load_trace(str(trace.path), trace.format, sort=trace.sort, options=shaping)
     return StudyPlan(
-        name=name or f"{trace.path.stem}-{objective_mode}",
+        name=(
+            check_study_name(name)
+            if name is not None
+            else default_study_name(trace.path, objective_mode)
+        ),
         trace=requests,
         shaping=shaping,
         slos=parsed_slos,

@@ -14,6 +14,7 @@ import optuna
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.scoring import ERRORS
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
+from prefill_tuner.plan import check_study_name
 from prefill_tuner.recommend import RULE, recommend
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import serve_yaml
@@ -87,6 +88,8 @@ def summarize_study(
 
 def find_study(store: TunerStore, name: str | None) -> str:
     """The study named, or the only one in the storage; a one-line error otherwise."""
+    if name is not None:
+        check_study_name(name)
     names = store.study_names()
     where = redact_url(store.url)
     if name is None:

@@ -30,7 +30,7 @@ from prefill_tuner.cli.options import (
 )
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.nightly.retune import NightlyPlan, retune
-from prefill_tuner.plan import SpaceSpec, build_plan
+from prefill_tuner.plan import SpaceSpec, build_plan, check_study_name
 from prefill_tuner.storage.store import TunerStore
 from rich.console import Console
 from rich.markup import escape
@@ -95,6 +95,7 @@ def nightly_command(
     """Retune on tonight's trace and promote a new configuration only when it beats the
     incumbent beyond noise. Exit code 0: kept; 3: promoted (new serve lines); 4: nothing
     meets the SLOs; 2: bad input; 130: interrupted."""
+    check_study_name(study)
     trial_engine = build_engine(dataclasses.replace(engine, model=model))
     plan = build_plan(
         trial_engine,

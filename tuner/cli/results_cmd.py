@@ -12,6 +12,7 @@ from prefill_tuner.cli.display import error_console, output_console, quiet_optun
 from prefill_tuner.cli.options import StorageOpt, StudyOpt
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
+from prefill_tuner.plan import check_study_name
 from prefill_tuner.report import export, find_study, render_summary, summarize_stored
 from prefill_tuner.storage.store import TunerStore
 
@@ -20,6 +21,8 @@ EXPORT_FORMATS = ("shell", "yaml", "json")
 
 def pareto_command(study_name: StudyOpt = None, storage: StorageOpt = defaults.STORAGE) -> None:
     """Print a stored study's Pareto-optimal settings and serve lines again."""
+    if study_name is not None:
+        check_study_name(study_name)  # before the storage is opened (or created)
     quiet_optuna()
     store = TunerStore(storage)
     summary = summarize_stored(store, find_study(store, study_name))
@@ -37,6 +40,8 @@ def export_command(
     """Export a study's recommended settings (and Pareto alternatives) for deployment."""
     if format not in EXPORT_FORMATS:
         raise TunerError(f"--format: expected shell, yaml or json, got {format!r}")
+    if study_name is not None:
+        check_study_name(study_name)  # before the storage is opened (or created)
     quiet_optuna()
     store = TunerStore(storage)
     name = find_study(store, study_name)

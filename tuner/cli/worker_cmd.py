@@ -20,6 +20,7 @@ from prefill_tuner.cli.display import (
 from prefill_tuner.cli.options import ENGINE, StorageOpt, with_options
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.errors import TunerError
+from prefill_tuner.plan import check_study_name
 from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.worker.definition import plan_from_record
 from prefill_tuner.worker.loop import run_worker
@@ -65,6 +66,7 @@ def worker_command(
     target of trials; the study comes from `tune run ... --create-only`."""
     if grace <= heartbeat:
         raise TunerError(f"--grace {grace}: must be longer than --heartbeat {heartbeat}")
+    check_study_name(study_name)
     quiet_optuna()
     store = TunerStore(storage)
     record = store.get_study(study_name)

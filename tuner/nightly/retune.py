@@ -33,7 +33,13 @@ from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.space import knob_availability
 from prefill_tuner.storage.models import NightlyRun
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study import StudyProgress, enqueue_baseline, open_study, run_study
+from prefill_tuner.study import (
+    StudyProgress,
+    definition_changes,
+    enqueue_baseline,
+    open_study,
+    run_study,
+)
 from prefill_tuner.trace.stats import trace_stats
 
 EXIT_KEPT = 0
@@ -67,7 +73,7 @@ def retune(
     """Run one night (see the module docstring)."""
     started, started_at = time.monotonic(), datetime.now(timezone.utc)
     previous = store.last_nightly(nightly.family)
-    generation = previous.generation + 1 if previous else 1
+    generation = tonights_generation(nightly, store, engine, previous, say)
     plan = replace(nightly.plan, name=f"{nightly.family}-g{generation}")
     incumbent = previous.deployed if previous else None
     engine_changed = previous is not None and previous.engine_version != engine.version
@@ -146,6 +152,34 @@ def retune(
         report_path=report_path,
         engine_changed=engine_changed,
     )
+
+
+def tonights_generation(
+    nightly: NightlyPlan,
+    store: TunerStore,
+    engine: TrialEngine,
+    previous: NightlyRun | None,
+    say: Callable[[str], None],
+) -> int:
+    """The generation to run: the one after the last finished night. A generation that was
+    interrupted (its study exists, its night was never recorded) is resumed when tonight's
+    options are its own, and superseded otherwise (another trace: a new day's export), so one
+    interrupted night never blocks the nights after it."""
+    generation = previous.generation + 1 if previous else 1
+    while True:
+        name = f"{nightly.family}-g{generation}"
+        record = store.get_study(name)
+        if record is None:
+            return generation
+        changes = definition_changes(record, replace(nightly.plan, name=name), engine.name)
+        if not changes:
+            say(f"resuming generation {generation}, which was interrupted")
+            return generation
+        say(
+            f"generation {generation} was interrupted and is superseded by generation "
+            f"{generation + 1} ({changes[0]})"
+        )
+        generation += 1
 
 
 def measure(
