@@ -10,7 +10,8 @@ import pytest
 from prefill_tuner.cli import display
 from prefill_tuner.nightly.retune import EXIT_CODES
 
-from tests.test_nightly import nightly, nights, traces  # noqa: F401 (a fixture)
+from tests.test_nightly import nightly, nights
+from tests.test_nightly import traces as traces_fixture  # noqa: F401 (registers "traces")
 
 
 def interrupt_after(monkeypatch: pytest.MonkeyPatch, trials: int) -> None:
