@@ -64,3 +64,17 @@ def test_false_promotions_under_pure_noise_are_rare(min_gain: float, at_most: fl
     assert promoted / nights <= at_most
     if min_gain == 0.0:
         assert promoted / nights == pytest.approx(1 / 20, abs=0.015)
+
+
+def test_the_gain_is_the_median_not_the_worst_pair() -> None:
+    """The README's rule: more headroom in every pair of runs, and the median headroom gained
+    (not the worst pair's gain) at least --min-gain."""
+    incumbent, challenger = [0.20, 0.21, 0.22], [0.23, 0.27, 0.30]
+    decision = decide(runs(*incumbent), runs(*challenger), 0.05)
+    assert decision.action == "promote"
+    assert "median gain of +6.0 points (the worst pair of runs +1.0)" in decision.reason
+    assert decide(runs(*incumbent), runs(*challenger), 0.07).action == "keep"
+
+
+def test_a_gain_equal_to_min_gain_is_enough() -> None:
+    assert decide(runs(0.20), runs(0.25), 0.05).action == "promote"  # 0.25 - 0.2 < 0.05

@@ -96,7 +96,7 @@ def test_exports_and_pareto(tune, tmp_path: Path) -> None:
 def test_infeasible_study_says_so_and_names_the_binding_slo(tune, tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
     code, out, err = tune(*run_args(storage, 4, slos=("p99_ttft=1us",)))
-    assert code == 0, err
+    assert code == 4, err  # a distinct exit code: nothing to deploy
     assert "No trial met the SLOs" in out and "binding p99_ttft" in out
     code, _, err = tune("export", "--storage", storage)
     assert code == 2 and "no trial met the SLOs" in err

@@ -20,6 +20,7 @@ from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import serve_yaml
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -126,8 +127,33 @@ def _fmt(name: str, value: float | None) -> str:
     return format_seconds(value)
 
 
+COLUMNS = {
+    "max_num_batched_tokens": "tokens",
+    "max_num_seqs": "seqs",
+    "enable_chunked_prefill": "chunked",
+    "long_prefill_token_threshold": "thresh.",
+    "scheduler_reserve_full_isl": "reserve",
+    "max_num_partial_prefills": "partial",
+    "max_long_partial_prefills": "long p.",
+}
+"""Short column names, so the table fits 80 columns; a legend under it gives the flags."""
+
+
 def _knob_text(trial: TrialRecord, knobs: Sequence[str]) -> list[str]:
-    return [str(trial.settings.get(knob, "")).lower() for knob in knobs]
+    cells = []
+    for knob in knobs:
+        value = trial.settings.get(knob, "")
+        if isinstance(value, bool):
+            cells.append("on" if value else "off")
+        elif knob == "long_prefill_token_threshold" and value == 0:
+            cells.append("off")
+        else:
+            cells.append(str(value))
+    return cells
+
+
+def _legend(knobs: Sequence[str]) -> str:
+    return "; ".join(f"{COLUMNS.get(knob, knob)}: {knob}" for knob in knobs)
 
 
 def render_summary(summary: StudySummary) -> Group:
@@ -162,8 +188,8 @@ def render_summary(summary: StudySummary) -> Group:
             parts.append(Text(_improvement(summary, recommended, summary.baseline)))
         parts.append(Text("\nserve lines (recommended first):", style="bold"))
         ordered = [recommended] + [t for t in summary.pareto if t is not recommended]
-        for trial in ordered:
-            parts.append(Text(trial.serve_command))
+        for trial in ordered:  # never wrapped: a pasted line must run as printed
+            parts.append(Text(trial.serve_command, no_wrap=True, overflow="ignore"))
     else:
         parts.append(Text("\nNo trial met the SLOs.", style="bold red"))
         for trial in summary.closest:
@@ -193,32 +219,45 @@ def _binding_text(trial: TrialRecord, name: str) -> str:
 
 
 def _pareto_table(summary: StudySummary, knobs: Sequence[str]) -> Table:
-    table = Table(title="Pareto-optimal settings that meet every SLO", title_justify="left")
-    table.add_column("trial", justify="right")
+    """One row per Pareto-optimal trial, narrow enough for 80 columns (no value is ever cut:
+    a value too wide for the terminal folds onto a second line)."""
+    table = Table(
+        title="Pareto-optimal settings that meet every SLO (* recommended)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        collapse_padding=True,
+        pad_edge=False,
+        caption=_legend(knobs),
+        caption_justify="left",
+    )
+    table.add_column("trial", justify="right", overflow="fold")
     for knob in knobs:
-        table.add_column(knob.replace("_", " "), justify="right")
+        table.add_column(COLUMNS.get(knob, knob), justify="right", overflow="fold")
     for name in summary.objectives:
-        table.add_column(name, justify="right")
-    table.add_column("output tok/s", justify="right")
-    slo_names = list(summary.pareto[0].slacks) if summary.pareto else []
-    for name in slo_names:
-        table.add_column(f"slack {name}", justify="right")
+        table.add_column(name, justify="right", overflow="fold")
+    table.add_column("tok/s", justify="right", overflow="fold")
+    table.add_column("slack", justify="right", overflow="fold")
     for trial in summary.pareto:
-        mark = " *" if trial is summary.recommended else ""
+        mark = "*" if trial is summary.recommended else ""
         throughput = (trial.metrics or {}).get("output_throughput")
+        slack = min(trial.slacks.values(), default=None)
         table.add_row(
             f"{trial.trial_number}{mark}",
             *_knob_text(trial, knobs),
             *(_fmt(name, trial.objectives.get(name)) for name in summary.objectives),
             "n/a" if throughput is None else f"{throughput:,.0f}",
-            *(f"{trial.slacks[name]:.0%}" for name in slo_names),
+            "n/a" if slack is None else f"{slack:.0%}",
         )
     return table
 
 
 def _improvement(summary: StudySummary, best: TrialRecord, baseline: TrialRecord) -> str:
     if best is baseline:
-        return "the engine's default settings (the baseline, trial 0) are already the best choice"
+        return (
+            f"the engine's default settings (the baseline, trial {baseline.trial_number}) are "
+            "already the best choice"
+        )
     parts = []
     for name, direction in zip(summary.objectives, summary.directions, strict=False):
         new, old = best.objectives.get(name), baseline.objectives.get(name)

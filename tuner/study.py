@@ -143,9 +143,11 @@ def open_study(
     else:
         changes = definition_changes(record, plan, engine.name)
         if changes:
+            what = ", ".join(dict.fromkeys(change.what for change in changes))
+            details = "; ".join(change.detail for change in changes)
             raise TunerError(
-                f"study {plan.name!r} exists with other options ({'; '.join(changes)}): resume "
-                "it with the same options, or start another with --study NAME"
+                f"study {plan.name!r} exists with a different {what} ({details}): resume it "
+                "with the same options, or start another with --study NAME"
             )
     directions = study_directions(plan)
     try:
@@ -164,42 +166,53 @@ def open_study(
     return study, record
 
 
-def definition_changes(record: StudyRecord, plan: StudyPlan, engine: str) -> list[str]:
-    """What this plan changes in a stored study's definition, each as ``OPTION: the study has
-    X, this command gives Y`` (empty when it is the same study). The trial budget, seed,
-    sampler and timeout may change between runs; what decides a trial's measurement or
-    verdict may not, or one study would mix two."""
+@dataclass(frozen=True)
+class Change:
+    """One way a plan differs from the stored study it would resume."""
+
+    what: str
+    """``trace``, ``SLOs``, ``error budget``, ``search space``..."""
+    detail: str
+    """``OPTION: the study has X, this command gives Y``."""
+
+
+def definition_changes(record: StudyRecord, plan: StudyPlan, engine: str) -> list[Change]:
+    """What this plan changes in a stored study's definition (empty when it is the same
+    study). The trial budget, seed, sampler and timeout may change between runs; what decides
+    a trial's measurement or verdict may not, or one study would mix two."""
     source = plan.trace.source
     trace_sha = source.sha256 if source else ""
-    ranges = {name: knob.as_record() for name, knob in plan.space.ranges.items()}
+    given_ranges = {name: knob.as_record() for name, knob in plan.space.ranges.items()}
     stored_ranges = (record.definition or {}).get("ranges")
-    checks: list[tuple[str, Any, Any, Any, Any]] = [
-        ("--trace", record.trace_sha256, trace_sha, f"sha256 {record.trace_sha256[:12]}…",
-         f"sha256 {trace_sha[:12]}…"),
-        ("--slo", sorted(record.slos), sorted(str(s) for s in plan.slos), None, None),
-        ("--objective", record.objective_mode, plan.objective_mode, None, None),
-        ("--engine", record.engine, engine, None, None),
-        ("--error-budget", record.error_budget, plan.error_budget, None, None),
-        ("--set", record.space.get("fixed", {}), dict(plan.space.fixed), None, None),
+    searched = "; ".join(line for line in record.space.get("searched", []) if "(fixed)" not in line)
+    given = "; ".join(line for line in plan.space.describe() if "(fixed)" not in line)
+    checks: list[tuple[str, str, Any, Any, str | None, str | None]] = [
+        ("trace", "--trace", record.trace_sha256, trace_sha,
+         f"sha256 {record.trace_sha256[:12]}…", f"sha256 {trace_sha[:12]}…"),
+        ("SLOs", "--slo", sorted(record.slos), sorted(str(s) for s in plan.slos), None, None),
+        ("objective", "--objective", record.objective_mode, plan.objective_mode, None, None),
+        ("engine", "--engine", record.engine, engine, None, None),
+        ("error budget", "--error-budget", record.error_budget, plan.error_budget, None, None),
+        ("fixed settings", "--set", record.space.get("fixed", {}), dict(plan.space.fixed), None,
+         None),
     ]  # fmt: skip
     if stored_ranges is not None:  # recorded since workers exist
-        searched = [line for line in record.space.get("searched", []) if "(fixed)" not in line]
-        given = [line for line in plan.space.describe() if "(fixed)" not in line]
-        checks.append(("--space", stored_ranges, ranges, "; ".join(searched), "; ".join(given)))
+        checks.append(("search space", "--space", stored_ranges, given_ranges, searched, given))
     stored_shaping, given_shaping = record.shaping, plan.shaping.model_dump()
     for field in sorted(set(stored_shaping) | set(given_shaping)):
         checks.append(
-            (f"trace shaping {field}", stored_shaping.get(field), given_shaping.get(field), None,
-             None)
+            ("shaping", f"trace shaping {field}", stored_shaping.get(field),
+             given_shaping.get(field), None, None)
         )  # fmt: skip
-    changes = []
-    for option, stored, given, stored_text, given_text in checks:
-        if _plain(stored) != _plain(given):
-            changes.append(
-                f"{option}: the study has {stored_text or _plain(stored)}, this command gives "
-                f"{given_text or _plain(given)}"
-            )
-    return changes
+    return [
+        Change(
+            what,
+            f"{option}: the study has {stored_text or _plain(stored)}, this command gives "
+            f"{given_text or _plain(given_value)}",
+        )
+        for what, option, stored, given_value, stored_text, given_text in checks
+        if _plain(stored) != _plain(given_value)
+    ]
 
 
 def _plain(value: Any) -> Any:

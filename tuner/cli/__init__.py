@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 
 import typer
-from prefill_tuner import __version__
-from prefill_tuner.cli.display import EXIT_INTERRUPTED
+from prefill_tuner import __version__, exit_codes
 from prefill_tuner.cli.nightly_cmd import nightly_command
 from prefill_tuner.cli.results_cmd import export_command, pareto_command
 from prefill_tuner.cli.run_cmd import run_command
@@ -29,9 +28,6 @@ app.command("export")(export_command)
 app.command("worker")(worker_command)
 app.command("nightly")(nightly_command)
 app.command("simulate")(simulate_command)
-
-EXIT_BAD_INPUT = 2
-"""Exit code for bad input (a file, flag or value), as for command-line usage errors."""
 
 
 def _print_version(value: bool) -> None:
@@ -59,7 +55,7 @@ def main() -> None:
         app()
     except TunerError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(exit_codes.BAD_INPUT)
     except KeyboardInterrupt:  # outside a study's own handling (e.g. reading a large trace)
         print("interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(exit_codes.INTERRUPTED)

@@ -25,9 +25,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-EXIT_INTERRUPTED = 130
-"""Exit code after Ctrl-C or SIGTERM, as a shell reports a command killed by SIGINT."""
-
 
 def output_console() -> Console:
     """Rich console for results: a terminal's own width, or wide lines when piped (for grep)."""

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from prefill_tuner import defaults
+from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import (
-    EXIT_INTERRUPTED,
     ProgressDisplay,
     error_console,
     print_study_header,
@@ -136,7 +135,7 @@ def nightly_command(
             "interrupted: finished trials are kept; run the same command to resume tonight's "
             "generation"
         )
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(exit_codes.INTERRUPTED) from None
     out = Console(highlight=False, soft_wrap=True)
     out.print(
         escape(

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from prefill_tuner import defaults
+from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import error_console, output_console, quiet_optuna
 from prefill_tuner.cli.options import StorageOpt, StudyOpt
 from prefill_tuner.errors import TunerError
@@ -26,7 +26,9 @@ def pareto_command(study_name: StudyOpt = None, storage: StorageOpt = defaults.S
     quiet_optuna()
     store = TunerStore(storage)
     summary = summarize_stored(store, find_study(store, study_name))
-    output_console().print(render_summary(summary))
+    output_console().print(render_summary(summary), crop=False)
+    if summary.recommended is None:
+        raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
 
 
 def export_command(

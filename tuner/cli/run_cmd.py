@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from prefill_tuner import defaults
+from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import (
-    EXIT_INTERRUPTED,
     ProgressDisplay,
     error_console,
     output_console,
@@ -101,7 +100,9 @@ def run_command(
     trace: TraceChoice,
     space: SpaceSpec,
 ) -> None:
-    """Tune the scheduler settings for a trace and SLOs; print the Pareto-optimal settings."""
+    """Tune the scheduler settings for a trace and SLOs; print the Pareto-optimal settings.
+    Exit code 0: settings meet the SLOs; 4: no trial met them; 2: bad input; 130:
+    interrupted (the same command resumes)."""
     err = error_console()
     bundled = trace_file == defaults.SAMPLE_TRACE
     trial_engine = build_engine(dataclasses.replace(engine, model=model))
@@ -163,6 +164,9 @@ def run_command(
             interrupted = True
     if interrupted:
         err.print("interrupted: every finished trial is kept; run the same command to resume")
-    output_console().print(render_summary(summarize_stored(store, plan.name)))
+    summary = summarize_stored(store, plan.name)
+    output_console().print(render_summary(summary), crop=False)
     if interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(exit_codes.INTERRUPTED)
+    if summary.recommended is None:
+        raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from prefill_tuner import defaults
+from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import (
-    EXIT_INTERRUPTED,
     WorkerDisplay,
     error_console,
     quiet_optuna,
@@ -110,7 +109,7 @@ def worker_command(
     except KeyboardInterrupt:
         if not display.interrupted:
             display.say("interrupted between trials")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(exit_codes.INTERRUPTED) from None
     display.say(
         f"study {plan.name} has its {summary.complete} trials ({summary.ran} run here); "
         f"tune pareto --study {plan.name} shows the results"

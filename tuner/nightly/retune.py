@@ -20,6 +20,7 @@ from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
+from prefill_tuner import exit_codes
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.evaluation import verdict_of
 from prefill_tuner.nightly.plan import NightlyPlan
@@ -42,9 +43,9 @@ from prefill_tuner.study import (
 )
 from prefill_tuner.trace.stats import trace_stats
 
-EXIT_KEPT = 0
-EXIT_PROMOTED = 3
-EXIT_NOTHING_MEETS_SLOS = 4
+EXIT_KEPT = exit_codes.OK
+EXIT_PROMOTED = exit_codes.PROMOTED
+EXIT_NOTHING_MEETS_SLOS = exit_codes.NOTHING_MEETS_SLOS
 EXIT_CODES = {"keep": EXIT_KEPT, "promote": EXIT_PROMOTED, "none": EXIT_NOTHING_MEETS_SLOS}
 
 
@@ -177,7 +178,7 @@ def tonights_generation(
             return generation
         say(
             f"generation {generation} was interrupted and is superseded by generation "
-            f"{generation + 1} ({changes[0]})"
+            f"{generation + 1} ({changes[0].detail})"
         )
         generation += 1
 
@@ -238,15 +239,19 @@ def _warm_start(
     if incumbent is not None:
         chosen += [trial for trial in trials if _same(trial.settings, incumbent)][:1]
     distributions = plan.space.distributions()
-    queued: list[dict[str, Any]] = []
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    # Already queued (the baseline): not queued twice, and not counted as warm start.
+    queued = [trial.system_attrs.get("fixed_params", {}) for trial in waiting]
+    added = 0
     for trial in chosen:
         params = trial.params
         if params in queued or set(params) != set(distributions):
             continue
         if all(_within(distributions[name], value) for name, value in params.items()):
-            study.enqueue_trial(params, skip_if_exists=True)
+            study.enqueue_trial(params)
             queued.append(params)
-    return len(queued)
+            added += 1
+    return added
 
 
 def _within(distribution: optuna.distributions.BaseDistribution, value: Any) -> bool:

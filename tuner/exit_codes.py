@@ -1,0 +1,12 @@
+"""What ``tune`` exits with: one meaning per code, for every command and any pipeline."""
+
+OK = 0
+"""Done; for ``tune nightly``: the incumbent stays."""
+BAD_INPUT = 2
+"""Bad input (a file, an option, a value): one line on stderr, nothing done."""
+PROMOTED = 3
+"""``tune nightly``: a new configuration was promoted (new serve lines)."""
+NOTHING_MEETS_SLOS = 4
+"""No trial (``tune run``, ``tune pareto``) or configuration (``tune nightly``) met the SLOs."""
+INTERRUPTED = 130
+"""Ctrl-C or SIGTERM: finished trials are kept; the same command resumes."""
