@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import FrameType
 
@@ -210,6 +210,22 @@ class WorkerDisplay:
             self.say(f"interrupted: trial {number} marked failed and queued for another worker")
 
 
+def summary_table(
+    unit: str,
+    rows: Mapping[str, Mapping[str, float]],
+    keys: Sequence[str],
+    show: Callable[[float], str],
+) -> Table:
+    """A small table of summaries (rows) by statistic (columns)."""
+    table = Table(box=None, pad_edge=False)
+    table.add_column(unit)
+    for key in keys:
+        table.add_column(key, justify="right")
+    for name, summary in rows.items():
+        table.add_row(name, *(show(summary[key]) for key in keys))
+    return table
+
+
 def render_sim_result(trace: Trace, result: SimResult) -> Table:
     """The metric summary as a table."""
     metrics = result.metrics
@@ -236,19 +252,17 @@ def render_sim_result(trace: Trace, result: SimResult) -> Table:
         f"{metrics.duration_s:,.1f} s simulated; {metrics.request_throughput:.2f} req/s, "
         f"{metrics.output_throughput:,.0f} output tok/s",
     )
-    latency = Table(box=None, pad_edge=False)
-    latency.add_column("ms")
-    for key in ("mean", "p50", "p90", "p99", "max"):
-        latency.add_column(key, justify="right")
-    for name, summary in (
-        ("TTFT", metrics.ttft_s),
-        ("TPOT", metrics.tpot_s),
-        ("ITL", metrics.itl_s),
-        ("E2E", metrics.e2el_s),
-    ):
-        latency.add_row(
-            name, *(f"{summary[key] * 1000:,.1f}" for key in ("mean", "p50", "p90", "p99", "max"))
-        )
+    latency = summary_table(
+        "ms",
+        {
+            "TTFT": metrics.ttft_s,
+            "TPOT": metrics.tpot_s,
+            "ITL": metrics.itl_s,
+            "E2E": metrics.e2el_s,
+        },
+        ("mean", "p50", "p90", "p99", "max"),
+        lambda seconds: f"{seconds * 1000:,.1f}",
+    )
     table.add_row("latency", latency)
     table.add_row(
         "engine load",
@@ -287,12 +301,12 @@ def render_stats(trace: Trace, stats: TraceStats) -> Table:
         f"index of dispersion {stats.index_of_dispersion:.2f} (1 = Poisson); "
         f"at most {stats.max_per_second} requests in one second",
     )
-    tokens = Table(box=None, pad_edge=False)
-    tokens.add_column("tokens")
-    for key in ("p50", "p90", "p99", "max", "mean"):
-        tokens.add_column(key, justify="right")
-    for name, summary in (("prompt", stats.prompt_tokens), ("output", stats.output_tokens)):
-        tokens.add_row(name, *(f"{summary[k]:,.0f}" for k in ("p50", "p90", "p99", "max", "mean")))
+    tokens = summary_table(
+        "tokens",
+        {"prompt": stats.prompt_tokens, "output": stats.output_tokens},
+        ("p50", "p90", "p99", "max", "mean"),
+        lambda count: f"{count:,.0f}",
+    )
     table.add_row("lengths", tokens)
     table.add_row(
         "offered load",
