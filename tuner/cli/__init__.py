@@ -20,6 +20,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    # Click's plain help: readable at 80 columns (rich's panels squeeze each option's help
+    # into a narrow third column beside the long --flag/--no-flag names).
+    rich_markup_mode=None,
 )
 app.add_typer(trace_app, name="trace")
 app.command("run")(run_command)

@@ -47,9 +47,8 @@ def run_command(
         Path,
         typer.Option(
             "--trace",
-            help="Trace file to replay (JSONL, Azure or BurstGPT CSV). Default: a bundled "
-            "sample of the Mooncake conversation trace.",
-            show_default=False,
+            help="Trace file to replay (JSONL, Azure or BurstGPT CSV).",
+            show_default="a bundled sample of Mooncake's conversation trace",
         ),
     ] = defaults.SAMPLE_TRACE,
     objective: Annotated[

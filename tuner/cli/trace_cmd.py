@@ -16,7 +16,9 @@ from prefill_tuner.trace.stats import trace_stats
 from prefill_tuner.trace.synth import Arrivals, parse_burst, parse_mix, synthesize
 
 trace_app = typer.Typer(
-    help="Inspect, convert and synthesise request traces.", no_args_is_help=True
+    help="Inspect, convert and synthesise request traces.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 
