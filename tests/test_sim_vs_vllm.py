@@ -1,7 +1,7 @@
 """The simulator schedules exactly as vLLM's own V1 scheduler does, step for step.
 
 Drives vLLM's real ``Scheduler`` class (no model, no GPU) on the same requests through
-``tuner/engines/sim/vllm_reference.py`` in a Python that has vLLM: ``$TUNER_VLLM_PYTHON``, or
+``tests/vllm_reference.py`` in a Python that has vLLM: ``$TUNER_VLLM_PYTHON``, or
 ``.venv-vllm/bin/python`` as the README's test command installs it. Skipped, with the reason,
 only outside CI; in CI a missing vLLM is a failure.
 """
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pytest
 from prefill_tuner.engines.sim import ConstantProfile, simulate
-from prefill_tuner.engines.sim.crosscheck import (
+from prefill_tuner.trace.model import Request, Trace
+
+from tests.conftest import vllm_python
+from tests.sim_crosscheck import (
     first_mismatch,
     run_reference,
     scenario,
     simulated_steps,
 )
-from prefill_tuner.trace.model import Request, Trace
-
-from tests.conftest import vllm_python
 from tests.sim_scenarios import random_scenario
 
 SCENARIOS = 300

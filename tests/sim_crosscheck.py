@@ -1,7 +1,8 @@
-"""Check the simulator against vLLM's own scheduler, step for step.
+"""Check the simulator against vLLM's own scheduler, step for step (the harness of
+tests/test_sim_vs_vllm.py).
 
 Builds the same requests for both (prompt token ids derived from the trace's prefix blocks, so
-prefix hits match), runs :mod:`prefill_tuner.engines.sim.vllm_reference` in a Python that has
+prefix hits match), runs ``tests/vllm_reference.py`` in a Python that has
 vLLM, and compares every step's tokens per request, preemptions and finishes.
 """
 
