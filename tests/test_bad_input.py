@@ -11,10 +11,18 @@ from prefill_tuner.engines.real import engine as real_engine
 from prefill_tuner.engines.real.engine import VllmEngine, VllmQueryError
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.space import EngineCapabilities
+from prefill_tuner.storage.store import TunerStore
 
 from tests.conftest import AZURE
 
 SMALL = ["--trace", str(AZURE), "--max-requests", "40", "--slo", "p99_tpot=50ms"]
+
+
+def stored(storage: str, name: str | None = None):
+    store = TunerStore(storage)
+    record = store.get_study(name or store.study_names()[0])
+    assert record is not None
+    return record, store.trials(record)
 
 
 def one_line_error(code: int, out: str, err: str, expected_code: int = 2) -> str:
@@ -89,3 +97,35 @@ def test_real_engine_asks_vllm_about_fixed_settings_once(monkeypatch) -> None:
     assert calls == [("resolve", "m", *server)]
     engine.validate_fixed({})  # nothing fixed: nothing to ask
     assert len(calls) == 1
+
+
+# Item 10: a baseline outside the searched space runs as the baseline, said to be outside -----
+@pytest.mark.parametrize(
+    ("space", "note"),
+    [
+        (("--space", "enable_chunked_prefill=false"), "enable_chunked_prefill=true"),
+        (("--space", "scheduler_reserve_full_isl=false"), "scheduler_reserve_full_isl=true"),
+        (("--space-file", "{file}"), "enable_chunked_prefill=true"),
+    ],
+)
+def test_a_baseline_outside_the_space_runs_and_is_said_to_be_outside(
+    tune, tmp_path: Path, space: tuple[str, ...], note: str
+) -> None:
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("enable_chunked_prefill: [false]\n")
+    space = tuple(arg.format(file=space_file) for arg in space)
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    code, out, err = tune("run", *SMALL, "--trials", "3", "--storage", storage, *space)
+    assert code == 0, err
+    assert "Traceback" not in out + err
+    said = f"lies outside the searched space: {note}"
+    assert said in err, "the header says so"
+    assert said in out, "the summary says so"
+    _, trials = stored(storage)
+    assert [t.status for t in trials] == ["complete"] * 3
+    baseline = next(t for t in trials if t.is_baseline)
+    knob = note.split("=")[0]
+    assert baseline.settings[knob] is True, "the baseline ran the engine's default"
+    assert all(t.settings[knob] is False for t in trials if not t.is_baseline)
+    code, out, _ = tune("pareto", "--storage", storage)
+    assert code == 0 and said in out

@@ -9,12 +9,14 @@ import signal
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 import optuna
 from prefill_tuner.engines.sim import SimResult
 from prefill_tuner.objectives.scoring import Objective
 from prefill_tuner.objectives.slo import format_seconds
 from prefill_tuner.plan import RATE_MULTIPLIER, StudyPlan
+from prefill_tuner.search_spaces.space import baseline_outside_note
 from prefill_tuner.study import StudyProgress, TrialResult
 from prefill_tuner.trace import Trace
 from prefill_tuner.trace.stats import TraceStats
@@ -74,8 +76,15 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def print_study_header(console: Console, plan: StudyPlan, trace_name: str, version: str) -> None:
-    """What is about to be tuned: the study, the trace, the engine, the space."""
+def print_study_header(
+    console: Console,
+    plan: StudyPlan,
+    trace_name: str,
+    version: str,
+    baseline_outside: dict[str, Any] | None = None,
+) -> None:
+    """What is about to be tuned: the study, the trace, the engine, the space (and the
+    engine defaults it leaves out, which the baseline runs all the same)."""
     console.print(
         escape(f"study {plan.name} on {trace_name} ({len(plan.trace):,} requests) with {version}"),
         soft_wrap=True,
@@ -84,6 +93,8 @@ def print_study_header(console: Console, plan: StudyPlan, trace_name: str, versi
         console.print(escape(f"  search {line}"), soft_wrap=True)
     for dropped in plan.space.dropped:
         console.print(escape(f"  dropped {dropped}"), soft_wrap=True)
+    if baseline_outside:
+        console.print(escape(f"  note: {baseline_outside_note(baseline_outside)}"), soft_wrap=True)
     for note in plan.trace.adjustments:
         console.print(escape(f"  trace: {note}"), soft_wrap=True)
 

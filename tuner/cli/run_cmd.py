@@ -36,7 +36,7 @@ from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.plan import SpaceSpec, build_plan
 from prefill_tuner.report import render_summary, summarize_stored
 from prefill_tuner.storage.store import TunerStore, redact_url
-from prefill_tuner.study import open_study, run_study
+from prefill_tuner.study import baseline_outside, open_study, run_study
 from prefill_tuner.worker.definition import definition_of
 from rich.markup import escape
 
@@ -129,7 +129,11 @@ def run_command(
         early_abort=early_abort,
     )
     print_study_header(
-        err, plan, "the bundled sample" if bundled else str(trace_file), trial_engine.version
+        err,
+        plan,
+        "the bundled sample" if bundled else str(trace_file),
+        trial_engine.version,
+        baseline_outside(plan, trial_engine),
     )
     quiet_optuna()
     store = TunerStore(storage)
