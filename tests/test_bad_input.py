@@ -129,3 +129,79 @@ def test_a_baseline_outside_the_space_runs_and_is_said_to_be_outside(
     assert all(t.settings[knob] is False for t in trials if not t.is_baseline)
     code, out, _ = tune("pareto", "--storage", storage)
     assert code == 0 and said in out
+
+
+# Item 11: storage URLs, one reading for every command, the password always masked ----------
+NIGHTLY = ["nightly", "--trace", str(AZURE), "--max-requests", "40", "--slo", "p99_tpot=50ms"]
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("postgresql+psycopg2://u:CANARY@h/x", "pip install 'vllm-prefill-tuner[postgres]'"),
+        ("mysql://u:CANARY@127.0.0.1/x", "the mysql driver 'mysqldb' is not installed"),
+        ("postgresql+psycopg://u:CANARY@127.0.0.1:abc/x", "not a database URL"),
+        ("http://u:CANARY@x", "unknown kind of database 'http'"),
+        ("no url at all", "not a database URL"),
+        ("sqlite:////no/such/folder/x.db", "the folder '/no/such/folder' does not exist"),
+    ],
+)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", *SMALL],
+        ["worker", "--study", "s"],
+        NIGHTLY,
+        ["pareto"],
+        ["export"],
+    ],
+    ids=["run", "worker", "nightly", "pareto", "export"],
+)
+def test_bad_storage_urls_are_one_line_with_the_password_masked(
+    tune, url: str, words: str, command: list[str]
+) -> None:
+    err = one_line_error(*tune(*command, "--storage", url))
+    assert words in err
+    assert "CANARY" not in err
+    assert "u:***@" in err or "CANARY" not in url
+
+
+def test_a_missing_psycopg_names_the_extra(tune, monkeypatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_psycopg(name: str, *args, **kwargs):
+        if name.split(".")[0] == "psycopg":
+            raise ModuleNotFoundError("No module named 'psycopg'", name="psycopg")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_psycopg)
+    err = one_line_error(*tune("pareto", "--storage", "postgresql+psycopg://u:pw@h/db"))
+    assert "driver 'psycopg' is not installed" in err
+    assert "install it with pip install 'vllm-prefill-tuner[postgres]'" in err
+
+
+@pytest.mark.parametrize("command", ["pareto", "export"])
+def test_reading_a_database_that_does_not_exist_refuses_and_creates_nothing(
+    tune, tmp_path: Path, command: str
+) -> None:
+    missing = tmp_path / "nope.db"
+    err = one_line_error(*tune(command, "--storage", f"sqlite:///{missing}"))
+    assert "no such database" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("page", [1, 2, 5, 12])
+def test_a_damaged_database_is_named_damaged_by_run_and_pareto(
+    tune, tmp_path: Path, page: int
+) -> None:
+    database = tmp_path / "s.db"
+    storage = f"sqlite:///{database}"
+    assert tune("run", *SMALL, "--trials", "2", "--storage", storage)[0] == 0
+    with database.open("r+b") as stream:
+        stream.seek(4096 * (page - 1))
+        stream.write(b"\0" * 4096)
+    for command in (["pareto"], ["run", *SMALL, "--trials", "3"]):
+        err = one_line_error(*tune(*command, "--storage", storage))
+        assert "is damaged" in err, err

@@ -118,11 +118,11 @@ def nightly_command(
         deadline_s=deadline,
     )
     err = error_console()
+    store = TunerStore(storage)  # a damaged storage fails before the first trial
     print_study_header(
         err, plan, str(trace_file), trial_engine.version, baseline_outside(plan, trial_engine)
     )
     quiet_optuna()
-    store = TunerStore(storage)
 
     def say(text: str) -> None:
         err.print(escape(f"nightly {study}: {text}"), soft_wrap=True)

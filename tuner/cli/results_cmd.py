@@ -21,7 +21,7 @@ EXPORT_FORMATS = ("shell", "yaml", "json")
 def pareto_command(study_name: StudyOpt = None, storage: StorageOpt = defaults.STORAGE) -> None:
     """Print a stored study's Pareto-optimal settings and serve lines again."""
     quiet_optuna()
-    store = TunerStore(storage)
+    store = TunerStore(storage, create=False)
     summary = summarize_stored(store, find_study(store, study_name))
     output_console().print(render_summary(summary))
 
@@ -38,7 +38,7 @@ def export_command(
     if format not in EXPORT_FORMATS:
         raise TunerError(f"--format: expected shell, yaml or json, got {format!r}")
     quiet_optuna()
-    store = TunerStore(storage)
+    store = TunerStore(storage, create=False)
     name = find_study(store, study_name)
     summary = summarize_stored(store, name)
     if summary.recommended is None:

@@ -128,6 +128,7 @@ def run_command(
         capacity_tolerance=capacity_tolerance,
         early_abort=early_abort,
     )
+    store = TunerStore(storage)  # a damaged storage fails before the first trial
     print_study_header(
         err,
         plan,
@@ -136,7 +137,6 @@ def run_command(
         baseline_outside(plan, trial_engine),
     )
     quiet_optuna()
-    store = TunerStore(storage)
     opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
     store.record_definition(opened[1], trials, definition_of(plan, sort=trace.sort))
     if create_only:

@@ -66,7 +66,7 @@ def worker_command(
     if grace <= heartbeat:
         raise TunerError(f"--grace {grace}: must be longer than --heartbeat {heartbeat}")
     quiet_optuna()
-    store = TunerStore(storage)
+    store = TunerStore(storage, create=False)  # the study must exist
     record = store.get_study(study_name)
     if record is None:
         names = ", ".join(store.study_names()) or "none"
