@@ -4,6 +4,11 @@ half-written."""
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,7 @@ from prefill_tuner.storage.store import TunerStore
 
 from tests.conftest import AZURE
 
+TUNE = str(Path(sys.executable).parent / "tune")
 SMALL = ["--trace", str(AZURE), "--max-requests", "40", "--slo", "p99_tpot=50ms"]
 
 
@@ -205,3 +211,194 @@ def test_a_damaged_database_is_named_damaged_by_run_and_pareto(
     for command in (["pareto"], ["run", *SMALL, "--trials", "3"]):
         err = one_line_error(*tune(*command, "--storage", storage))
         assert "is damaged" in err, err
+
+
+# Item 13: the one file writer respects the umask and refuses what it must not replace -------
+def test_outputs_get_the_umask_mode_or_keep_the_targets(tune, tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        fresh = tmp_path / "fresh.jsonl"
+        assert tune("trace", "convert", str(AZURE), str(fresh), "--max-requests", "3")[0] == 0
+        assert stat.S_IMODE(fresh.stat().st_mode) == 0o644
+        os.umask(0o027)
+        other = tmp_path / "other.jsonl"
+        assert tune("trace", "synth", str(other), "--count", "3")[0] == 0
+        assert stat.S_IMODE(other.stat().st_mode) == 0o640
+        fresh.chmod(0o604)
+        assert tune("trace", "synth", str(fresh), "--count", "3")[0] == 0
+        assert stat.S_IMODE(fresh.stat().st_mode) == 0o604, "an existing file keeps its mode"
+    finally:
+        os.umask(old)
+
+
+def test_nightly_report_files_respect_the_umask(tmp_path: Path) -> None:
+    from prefill_tuner.files import atomic_text
+
+    old = os.umask(0o002)
+    try:
+        with atomic_text(tmp_path / "serve.yaml") as stream:
+            stream.write("x: 1\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "serve.yaml").stat().st_mode) == 0o664
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        ("symlink", "is a symbolic link; refusing to replace it"),
+        ("fifo", "is not a regular file"),
+        ("folder", "is a folder"),
+        ("device", "is not a regular file"),
+    ],
+)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("trace", "convert", str(AZURE), "{out}"),
+        ("trace", "synth", "{out}", "--count", "3"),
+        ("simulate", "--trace", str(AZURE), "--max-requests", "3", "--steps-out", "{out}"),
+        ("export", "--storage", "{db}", "-o", "{out}"),
+    ],
+    ids=["convert", "synth", "steps-out", "export"],
+)
+def test_outputs_that_are_not_regular_files_are_refused(
+    tune, tmp_path: Path, make: str, words: str, command: tuple[str, ...]
+) -> None:
+    database = tmp_path / "s.db"
+    if command[0] == "export":
+        assert tune("run", *SMALL, "--trials", "2", "--storage", f"sqlite:///{database}")[0] == 0
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("keep me\n")
+    out = tmp_path / "out"
+    if make == "symlink":
+        out.symlink_to(kept)
+    elif make == "fifo":
+        os.mkfifo(out)
+    elif make == "folder":
+        out.mkdir()
+    else:  # a device node of our own (never a system one: a regression would replace it)
+        try:
+            os.mknod(out, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("creating a device node needs root")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = [arg.format(out=out, db=f"sqlite:///{database}") for arg in command]
+    err = one_line_error(*tune(*args))
+    assert f"{out}: {words}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "nothing written beside it"
+    assert kept.read_text() == "keep me\n"
+    if make == "symlink":
+        assert out.is_symlink()
+    if make == "device":
+        assert out.is_char_device()
+
+
+def test_convert_refuses_to_overwrite_its_own_source(tune, tmp_path: Path) -> None:
+    source = tmp_path / "a.csv"
+    source.write_bytes(AZURE.read_bytes())
+    for target in (source, tmp_path / "." / "a.csv"):
+        err = one_line_error(*tune("trace", "convert", str(source), str(target)))
+        assert "is the input file" in err
+    assert source.read_bytes() == AZURE.read_bytes()
+    assert [p.name for p in tmp_path.iterdir()] == ["a.csv"]
+
+
+# Item 14: a full disk or a closed stdout is one line, exit 1, nothing half-written ---------
+def test_a_full_disk_is_one_line_and_leaves_nothing(tune, tmp_path: Path, monkeypatch) -> None:
+    database = tmp_path / "s.db"
+    assert tune("run", *SMALL, "--trials", "2", "--storage", f"sqlite:///{database}")[0] == 0
+    real_fdopen = os.fdopen
+
+    class FullDisk:
+        def __init__(self, stream) -> None:
+            self.stream = stream
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.stream.close()
+
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        writelines = write
+
+    monkeypatch.setattr(os, "fdopen", lambda *a, **k: FullDisk(real_fdopen(*a, **k)))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for args in (
+        ("trace", "convert", str(AZURE), str(tmp_path / "t.jsonl")),
+        ("trace", "synth", str(tmp_path / "t.jsonl")),
+        ("export", "--storage", f"sqlite:///{database}", "-o", str(tmp_path / "t.sh")),
+        (
+            "simulate",
+            "--trace",
+            str(AZURE),
+            "--max-requests",
+            "5",
+            "--steps-out",
+            str(tmp_path / "t.jsonl"),
+        ),
+    ):
+        err = one_line_error(*tune(*args), expected_code=1)
+        assert "No space left on device; nothing written" in err
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("trace", "convert", str(AZURE), "-"),
+        ("trace", "synth", "-"),
+        ("trace", "stats", "--json", str(AZURE)),
+        ("pareto", "--storage", "{db}"),
+        ("export", "--storage", "{db}"),
+        ("simulate", "--trace", str(AZURE), "--max-requests", "5"),
+    ],
+)
+def test_a_full_stdout_is_one_line_and_exit_1(tune, tmp_path: Path, args) -> None:
+    database = tmp_path / "s.db"
+    if "{db}" in args:
+        assert tune("run", *SMALL, "--trials", "2", "--storage", f"sqlite:///{database}")[0] == 0
+    args = [arg.format(db=f"sqlite:///{database}") for arg in args]
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [TUNE, *args], stdout=full, stderr=subprocess.PIPE, text=True, check=False
+        )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == "error: cannot write to standard output: No space left on device\n"
+
+
+@pytest.mark.parametrize(
+    "args", [("trace", "convert", str(AZURE), "-"), ("trace", "synth", "-", "--count", "20000")]
+)
+def test_a_closed_stdout_is_one_line_and_exit_1(args) -> None:
+    process = subprocess.Popen(
+        [TUNE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.readline()
+    process.stdout.close()  # as `| head -1` does
+    err = process.stderr.read()
+    assert process.wait(timeout=120) == 1
+    assert err == "error: standard output was closed before everything was written\n"
+
+
+def test_a_full_database_is_one_line_and_exit_1(tune, tmp_path: Path, monkeypatch) -> None:
+    import sqlite3
+
+    from prefill_tuner.storage import store
+    from sqlalchemy.exc import OperationalError
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OperationalError("INSERT", {}, sqlite3.OperationalError("database or disk is full"))
+
+    monkeypatch.setattr(store.TunerStore, "add_trial", full)
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    code, out, err = tune("run", *SMALL, "--trials", "2", "--storage", storage)
+    assert code == 1
+    assert "Traceback" not in out + err
+    assert err.splitlines()[-1] == (
+        "error: the storage failed: (sqlite3.OperationalError) database or disk is full"
+    )

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from typing import NoReturn
 
+import optuna
 import typer
 from prefill_tuner import __version__
 from prefill_tuner.cli.nightly_cmd import nightly_command
@@ -13,6 +17,9 @@ from prefill_tuner.cli.simulate_cmd import simulate_command
 from prefill_tuner.cli.trace_cmd import trace_app
 from prefill_tuner.cli.worker_cmd import worker_command
 from prefill_tuner.errors import TunerError
+from prefill_tuner.files import WRITE_FAILURES
+from prefill_tuner.storage.store import mask_password, storage_error
+from sqlalchemy.exc import SQLAlchemyError
 
 app = typer.Typer(
     name="tune",
@@ -31,6 +38,8 @@ app.command("simulate")(simulate_command)
 
 EXIT_BAD_INPUT = 2
 """Exit code for bad input (a file, flag or value), as for command-line usage errors."""
+EXIT_FAILURE = 1
+"""Exit code when the system fails us: a full disk, a closed pipe, a failing database."""
 
 
 def _print_version(value: bool) -> None:
@@ -53,9 +62,47 @@ def _root(
 
 
 def main() -> None:
-    """Console entry point: run the app, turning user errors into one line and exit code 2."""
+    """Console entry point: run the app, turning user errors into one line and exit code 2, and
+    a failing disk, pipe or database into one line and exit code 1."""
     try:
-        app()
+        try:
+            app()
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
+    except SystemExit as exit_:
+        if exit_.code == EXIT_FAILURE and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            # click's answer to EPIPE (typer vendors it): quiet stdout, exit 1; say why
+            _fail("standard output was closed before everything was written", EXIT_FAILURE)
+        raise
     except TunerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(str(exc), exc.exit_code)
+    except BrokenPipeError:
+        _fail("standard output was closed before everything was written", EXIT_FAILURE, True)
+    except OSError as exc:
+        if exc.errno not in WRITE_FAILURES:
+            raise
+        _fail(f"cannot write to standard output: {exc.strerror}", EXIT_FAILURE, True)
+    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
+        _fail(f"the storage failed: {_storage_failure(exc)}", EXIT_FAILURE)
+
+
+def _fail(message: str, code: int, stdout_failed: bool = False) -> NoReturn:
+    """One line on stderr, then exit. A failed stdout (a closed pipe, a full disk) is pointed
+    at /dev/null first, so that Python's exit does not fail again flushing what is left."""
+    if stdout_failed:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    with contextlib.suppress(OSError):
+        print(f"error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _storage_failure(exc: BaseException) -> str:
+    """The database's own words, every storage URL given masked."""
+    given = [os.environ.get("TUNE_STORAGE", "")]
+    given += [arg.split("=", 1)[-1] for arg in sys.argv if "://" in arg]
+    text = storage_error(exc, "")
+    for url in filter(None, given):
+        text = mask_password(text, url)
+    return text

@@ -11,7 +11,7 @@ from prefill_tuner import defaults
 from prefill_tuner.cli.display import error_console, output_console, quiet_optuna
 from prefill_tuner.cli.options import StorageOpt, StudyOpt
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import atomic_text
+from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.report import export, find_study, render_summary, summarize_stored
 from prefill_tuner.storage.store import TunerStore
 
@@ -37,6 +37,8 @@ def export_command(
     """Export a study's recommended settings (and Pareto alternatives) for deployment."""
     if format not in EXPORT_FORMATS:
         raise TunerError(f"--format: expected shell, yaml or json, got {format!r}")
+    if output is not None:
+        check_output(output)
     quiet_optuna()
     store = TunerStore(storage, create=False)
     name = find_study(store, study_name)
