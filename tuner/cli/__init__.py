@@ -62,17 +62,17 @@ def _root(
 
 
 def main() -> None:
-    """Console entry point: run the app, turning user errors into one line and exit code 2, and
-    a failing disk, pipe or database into one line and exit code 1."""
+    """Console entry point: run the app, turning user errors (ours and the parser's) into one
+    line and exit code 2, and a failing disk, pipe or database into one line and exit code 1."""
     try:
         try:
-            app()
+            code = app(standalone_mode=False, prog_name="tune")  # errors: said in one line
         finally:
             if sys.stdout is not None:
                 sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
     except SystemExit as exit_:
         if exit_.code == EXIT_FAILURE and type(sys.stdout).__name__ == "PacifyFlushWrapper":
-            # click's answer to EPIPE (typer vendors it): quiet stdout, exit 1; say why
+            # click's own answer to EPIPE: quiet stdout, exit 1 (say why, in one line)
             _fail("standard output was closed before everything was written", EXIT_FAILURE)
         raise
     except TunerError as exc:
@@ -85,6 +85,35 @@ def main() -> None:
         _fail(f"cannot write to standard output: {exc.strerror}", EXIT_FAILURE, True)
     except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
         _fail(f"the storage failed: {_storage_failure(exc)}", EXIT_FAILURE)
+    except Exception as exc:
+        if not _is_click(exc, "ClickException", "Abort"):
+            raise
+        _parser_error(exc)
+    if isinstance(code, int) and code:
+        sys.exit(code)
+
+
+def _is_click(exc: BaseException, *names: str) -> bool:
+    """Whether ``exc`` is one of click's exceptions (by name: typer vendors click in newer
+    versions, and typer itself tells them apart so)."""
+    return any(kind.__name__ in names for kind in type(exc).__mro__)
+
+
+def _parser_error(exc: Exception) -> NoReturn:
+    """A usage error of the argument parser (a missing argument, a value out of range) in one
+    line naming the command and its ``--help``; no arguments at all: the help."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        help_text = exc.format_message()  # type: ignore[attr-defined]
+        if help_text.strip():  # typer's rich help is printed when it is built
+            print(help_text, file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    if _is_click(exc, "Abort"):
+        _fail("aborted", EXIT_FAILURE)
+    message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+    context = getattr(exc, "ctx", None)
+    if context is not None:
+        message += f" (see {context.command_path} --help)"
+    _fail(message, int(getattr(exc, "exit_code", EXIT_FAILURE)))
 
 
 def _fail(message: str, code: int, stdout_failed: bool = False) -> NoReturn:
