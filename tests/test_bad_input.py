@@ -138,7 +138,17 @@ def test_a_baseline_outside_the_space_runs_and_is_said_to_be_outside(
 
 
 # Item 11: storage URLs, one reading for every command, the password always masked ----------
-NIGHTLY = ["nightly", "--trace", str(AZURE), "--max-requests", "40", "--slo", "p99_tpot=50ms"]
+NIGHTLY = [
+    "nightly",
+    "--study",
+    "n",
+    "--trace",
+    str(AZURE),
+    "--max-requests",
+    "40",
+    "--slo",
+    "p99_tpot=50ms",
+]
 
 
 @pytest.mark.parametrize(
@@ -402,3 +412,62 @@ def test_a_full_database_is_one_line_and_exit_1(tune, tmp_path: Path, monkeypatc
     assert err.splitlines()[-1] == (
         "error: the storage failed: (sqlite3.OperationalError) database or disk is full"
     )
+
+
+# Item 12: trace synth limits, option names in messages, one-request stats, sim-only flags ----
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--rate", "inf"), "--rate: must be a positive number"),
+        (("--rate", "1e9", "--duration", "1e9"), "a synthetic trace holds at most 10,000,000"),
+        (("--count", "100000000"), "a synthetic trace holds at most 10,000,000"),
+        (("--duration", "inf"), "--duration: must be at most"),
+        (("--rate", "1e-12", "--count", "5"), "later than a trace may hold"),
+        (("--mix", "99999999999x1", "--count", "2"), "at most 1,000,000,000 prompt or output"),
+        (("--burst", "decode@1*99999999999"), "the count must be at most 10,000,000"),
+        (("--arrivals", "gamma", "--cv", "inf"), "--cv: must be a positive number"),
+        (("--rate", "nan"), "'--rate'"),
+    ],
+)
+def test_synth_refuses_what_it_cannot_write_or_read_back(
+    tune, tmp_path: Path, args: tuple[str, ...], words: str
+) -> None:
+    err = one_line_error(*tune("trace", "synth", str(tmp_path / "x.jsonl"), *args))
+    assert words in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_what_synth_writes_at_its_limits_stats_reads_back(tune, tmp_path: Path) -> None:
+    big = tmp_path / "big.jsonl"
+    assert tune("trace", "synth", str(big), "--mix", "1000000000x1", "--count", "2")[0] == 0
+    assert tune("trace", "stats", str(big))[0] == 0
+    far = tmp_path / "far.jsonl"
+    args = ("--rate", "2e-12", "--count", "2", "--arrivals", "uniform")
+    assert tune("trace", "synth", str(far), *args)[0] == 0
+    code, _, err = tune("trace", "stats", str(far))
+    assert code == 0, err  # 5e11 seconds apart: no bin per second is allocated
+
+
+def test_dequantize_errors_name_the_option(tune) -> None:
+    err = one_line_error(*tune("trace", "stats", str(AZURE), "--dequantize", "-3"))
+    assert err == "error: --dequantize: must be a positive number of seconds or 'auto'\n"
+
+
+def test_a_one_request_trace_has_no_mean_rate(tune) -> None:
+    code, out, _ = tune("trace", "stats", str(AZURE), "--max-requests", "1")
+    assert code == 0
+    assert "nan" not in out and "mean rate     n/a" in out
+
+
+@pytest.mark.parametrize(
+    "flag", [("--server-arg", "--dtype float32"), ("--server-env", "A=1"), ("--serve-cmd", "x")]
+)
+@pytest.mark.parametrize("command", ["run", "nightly"])
+def test_real_engine_options_are_refused_with_the_simulator(
+    tune, tmp_path: Path, flag: tuple[str, str], command: str
+) -> None:
+    base = ["run", *SMALL] if command == "run" else NIGHTLY
+    storage = tmp_path / "s.db"
+    err = one_line_error(*tune(*base, "--storage", f"sqlite:///{storage}", *flag))
+    assert f"error: {flag[0]}: only for --engine vllm" in err
+    assert not storage.exists()

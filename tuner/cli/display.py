@@ -281,7 +281,12 @@ def render_stats(trace: Trace, stats: TraceStats) -> Table:
         table.add_row("trace", f"{trace.source.path} ({trace.source.format}{digest})")
     table.add_row("requests", f"{stats.requests:,}")
     table.add_row("duration", f"{stats.duration_s:,.1f} s ({stats.duration_s / 60:,.1f} min)")
-    table.add_row("mean rate", f"{stats.mean_rate:.2f} req/s")
+    table.add_row(
+        "mean rate",
+        f"{stats.mean_rate:.2f} req/s"
+        if math.isfinite(stats.mean_rate)
+        else "n/a (all requests arrive at once)",
+    )
     table.add_row(
         "burstiness",
         f"index of dispersion {stats.index_of_dispersion:.2f} (1 = Poisson); "

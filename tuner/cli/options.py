@@ -508,9 +508,14 @@ def shape_options(
         )
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else ""
         message = str(first["msg"]).removeprefix("Value error, ")
-        raise TunerError(f"{_FLAGS.get(field, field)}: {message}") from None
+        # A check across fields has no location: name the field its message names.
+        field = str(first["loc"][0]) if first["loc"] else ""
+        field = field or next((name for name in _FLAGS if name in message), "")
+        message = message.removeprefix(f"{field} ")
+        for name, flag in _FLAGS.items():
+            message = message.replace(name, flag)
+        raise TunerError(f"{_FLAGS.get(field, field)}: {message}" if field else message) from None
 
 
 _FLAGS = {
