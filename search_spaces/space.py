@@ -86,6 +86,23 @@ class KnobRange:
             return _log2_floor(self.low) - 1 if not value else _log2_floor(int(value))
         return value
 
+    def contains(self, value: Any) -> bool:
+        """Whether the range holds this engine setting (a point the sampler could propose)."""
+        param = self.param_for(value)
+        distribution = self.distribution()
+        if isinstance(distribution, CategoricalDistribution):
+            return param in distribution.choices
+        assert isinstance(distribution, IntDistribution)
+        return distribution.low <= param <= distribution.high and self.value(param) == value
+
+    def nearest_param(self, value: Any) -> Any:
+        """The parameter value in the range nearest to this setting's (itself when inside)."""
+        distribution = self.distribution()
+        if isinstance(distribution, CategoricalDistribution):
+            return value if value in distribution.choices else distribution.choices[0]
+        assert isinstance(distribution, IntDistribution)
+        return min(max(self.param_for(value), distribution.low), distribution.high)
+
     def as_record(self) -> dict[str, Any]:
         """JSON-ready fields, read back by :meth:`from_record`."""
         return {
@@ -140,8 +157,18 @@ class SearchSpace:
         }
 
     def params_for(self, settings: Mapping[str, Any]) -> dict[str, Any]:
-        """Optuna parameters that reproduce these settings (to enqueue a known config)."""
-        return {r.param: r.param_for(settings[name]) for name, r in self.ranges.items()}
+        """Optuna parameters that reproduce these settings (to enqueue a known config); a
+        setting outside its range gets the nearest parameter in it (Optuna refuses a choice
+        outside a categorical's): see :meth:`outside`."""
+        return {r.param: r.nearest_param(settings[name]) for name, r in self.ranges.items()}
+
+    def outside(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The settings that lie outside their knob's searched range."""
+        return {
+            name: settings[name]
+            for name, r in self.ranges.items()
+            if name in settings and not r.contains(settings[name])
+        }
 
     def describe(self) -> list[str]:
         lines = []
@@ -155,6 +182,18 @@ class SearchSpace:
                 lines.append(f"{name}: {r.low}..{r.high} (log scale)")
         lines += [f"{name} = {value} (fixed)" for name, value in self.fixed.items()]
         return lines
+
+
+BASELINE_OUTSIDE = "the baseline (the engine's defaults) lies outside the searched space"
+
+
+def baseline_outside_note(outside: Mapping[str, Any]) -> str:
+    """What the header and the summary say of a baseline outside the space."""
+    values = ", ".join(
+        f"{name}={str(value).lower() if isinstance(value, bool) else value}"
+        for name, value in outside.items()
+    )
+    return f"{BASELINE_OUTSIDE}: {values}; it runs as the baseline all the same"
 
 
 def _log2_floor(value: int) -> int:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import fcntl
 import math
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from prefill_tuner.errors import TunerError
 from prefill_tuner.storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
 from sqlalchemy import create_engine, inspect, select, text, update
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
 
@@ -31,16 +33,20 @@ def _json_safe(value: Any) -> Any:
 class TunerStore:
     """The tuner's tables in the study database (created on first use)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
+        """Open the storage (``create``: a new SQLite file may be made; else it must exist)."""
         self.url = url
         """The database URL, password included (never print it: :func:`redact_url`)."""
+        parsed = check_storage_url(url, must_exist=not create)
         try:
-            self.engine: Engine = create_engine(url, future=True)
+            self.engine: Engine = create_engine(parsed, future=True)
+            if parsed.get_backend_name() == "sqlite":
+                _check_sqlite_file(self.engine)
             Base.metadata.create_all(self.engine)
             _add_new_columns(self.engine)
         except SQLAlchemyError as exc:
             raise TunerError(
-                f"cannot open the storage {redact_url(url)}: {str(exc).splitlines()[0]}"
+                f"cannot open the storage {redact_url(url)}: {storage_error(exc, url)}"
             ) from None
 
     def session(self) -> Session:
@@ -167,11 +173,114 @@ def _add_new_columns(engine: Engine) -> None:
             connection.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"))
 
 
-def redact_url(url: str) -> str:
-    """A storage URL without its password, for messages."""
-    scheme, sep, rest = url.partition("://")
+STORAGE_FORMS = "sqlite:///FILE or postgresql+psycopg://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+POSTGRES_EXTRA = "pip install 'vllm-prefill-tuner[postgres]'"
+DRIVERS = {"postgresql": "psycopg", "sqlite": "pysqlite"}
+"""The driver the tuner supports for each kind of database."""
+
+
+def check_storage_url(url: str, *, must_exist: bool = False) -> URL:
+    """The one reading of a storage URL, for every command and every open: a URL SQLAlchemy
+    parses, with a numeric port, of a kind of database it knows, whose driver is installed;
+    for SQLite, a file whose folder exists (``must_exist``: the file itself). Anything else is
+    a one-line :class:`TunerError` naming the URL with its password masked."""
+    shown = f"--storage {redact_url(url)}"
+    try:
+        parsed = make_url(url)
+        parsed.port  # noqa: B018 (parsed on access: 'host:abc' fails here)
+    except (ArgumentError, ValueError, TypeError):
+        raise TunerError(f"{shown}: not a database URL; expected {STORAGE_FORMS}") from None
+    try:
+        dialect = parsed.get_dialect()
+    except (NoSuchModuleError, ArgumentError):
+        raise TunerError(
+            f"{shown}: unknown kind of database {parsed.drivername!r}; expected {STORAGE_FORMS}"
+        ) from None
+    backend = parsed.get_backend_name()
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        driver = parsed.get_driver_name()
+        if backend == "postgresql" and driver == DRIVERS["postgresql"]:
+            hint = f"install it with {POSTGRES_EXTRA}"
+        elif backend == "postgresql":
+            hint = f"use postgresql+psycopg://... ({POSTGRES_EXTRA})"
+        else:
+            hint = f"the tuner supports {STORAGE_FORMS}"
+        raise TunerError(
+            f"{shown}: the {backend} driver {driver!r} is not installed (no module "
+            f"{exc.name or driver!r}); {hint}"
+        ) from None
+    if backend == "sqlite":
+        _check_sqlite_path(parsed, shown, must_exist)
+    return parsed
+
+
+def _check_sqlite_path(parsed: URL, shown: str, must_exist: bool) -> None:
+    database = parsed.database or ""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        if must_exist:
+            raise TunerError(f"{shown}: no such database (an in-memory one is empty)")
+        return
+    path = Path(database)
+    if must_exist and not path.is_file():
+        raise TunerError(f"{shown}: no such database ({path} does not exist)")
+    if path.is_dir():
+        raise TunerError(f"{shown}: {path} is a folder, not a database file")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise TunerError(f"{shown}: the folder {str(folder)!r} does not exist")
+
+
+def _check_sqlite_file(engine: Engine) -> None:
+    """A damaged SQLite file (zeroed or torn pages) is refused at once, with what SQLite says,
+    rather than failing later in whichever query reads the damage."""
+    try:
+        with engine.connect() as connection:
+            rows = [str(row[0]) for row in connection.exec_driver_sql("PRAGMA quick_check")]
+    except DatabaseError as exc:
+        rows = [str(exc.orig or exc).splitlines()[0]]
+    if rows != ["ok"]:
+        found = " ".join(" ".join(rows).replace("*** in database main ***", "").split())
+        raise TunerError(
+            f"the database {engine.url.database} is damaged ({found[:200]}): restore it from "
+            "a backup or use another --storage"
+        )
+
+
+def storage_error(exc: BaseException, url: str) -> str:
+    """A database error's first line (the database's own words), the password masked."""
+    cause: BaseException = exc
+    while cause.__cause__ is not None and not isinstance(cause, SQLAlchemyError):
+        cause = cause.__cause__
+    lines = str(cause).strip().splitlines()
+    return mask_password(lines[0] if lines else type(cause).__name__, url)
+
+
+def mask_password(text: str, url: str) -> str:
+    """``text`` with the URL replaced by its redacted form and the password by ``***``."""
+    if url:
+        text = text.replace(url, redact_url(url))
+    password = _password(url)
+    return text.replace(password, "***") if password else text
+
+
+def _password(url: str) -> str:
+    _, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
-        return url
-    credentials, _, host = rest.rpartition("@")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in credentials else url
+        return ""
+    credentials = rest.rpartition("@")[0]
+    return credentials.partition(":")[2]
+
+
+def redact_url(url: str) -> str:
+    """A storage URL without its password, for messages: everything between the user name and
+    the last ``@`` is masked (a password may hold ``@`` or ``:``), and so is a ``password=``
+    query parameter."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        credentials, _, host = rest.rpartition("@")
+        user, colon, _ = credentials.partition(":")
+        if colon:
+            url = f"{scheme}://{user}:***@{host}"
+    return re.sub(r"(?i)(password=)[^&#]*", r"\1***", url)

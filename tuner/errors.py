@@ -1,4 +1,5 @@
-"""User-facing errors: bad input that the CLI reports in one line with exit code 2.
+"""User-facing errors: bad input that the CLI reports in one line with exit code 2 (a failed
+write: exit code 1).
 
 Anything else that escapes is a bug and keeps its traceback.
 """
@@ -10,6 +11,15 @@ from pathlib import Path
 
 class TunerError(Exception):
     """An error in what the user gave us (a file, a flag, a value), not in our code."""
+
+    exit_code = 2
+    """The command's exit code (2: bad input, as for usage errors)."""
+
+
+class OutputError(TunerError):
+    """The system failed a write (a full disk, a closed pipe): one line, exit code 1."""
+
+    exit_code = 1
 
 
 class TraceError(TunerError):

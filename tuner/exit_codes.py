@@ -2,6 +2,8 @@
 
 OK = 0
 """Done; for ``tune nightly``: the incumbent stays."""
+FAILURE = 1
+"""The system failed us: a full disk, a closed pipe, a failing database (one line on stderr)."""
 BAD_INPUT = 2
 """Bad input (a file, an option, a value): one line on stderr, nothing done."""
 PROMOTED = 3

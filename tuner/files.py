@@ -1,30 +1,91 @@
-"""Writing output files so that they appear whole or not at all."""
+"""Writing output files so that they appear whole or not at all: the one writer every command
+uses (traces, exports, reports, step traces)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from prefill_tuner.errors import TunerError
+from prefill_tuner.errors import OutputError, TunerError
+
+WRITE_FAILURES = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS, errno.EPIPE}
+)
+"""Errors of the system, not of the user's input: a full disk, a read-only file system..."""
 
 
-@contextmanager
-def atomic_text(path: str | Path) -> Iterator[IO[str]]:
-    """A text stream whose content replaces ``path`` only when the block ends without error
-    (written to a temporary file beside it, then renamed)."""
+def check_output(path: str | Path, inputs: Sequence[str | Path] = ()) -> Path:
+    """The output path, if writing there replaces at most a regular file that is none of
+    ``inputs``; a one-line :class:`TunerError` otherwise. A symbolic link is refused (not
+    followed, not replaced): name the file it points to."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise TunerError(f"{target}: the output folder {str(directory)!r} does not exist")
-    handle, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
+    try:
+        mode = target.lstat().st_mode
+    except FileNotFoundError:
+        return target
+    except OSError as exc:
+        raise TunerError(f"{target}: cannot write here: {exc.strerror}") from None
+    if stat.S_ISLNK(mode):
+        raise TunerError(
+            f"{target}: is a symbolic link; refusing to replace it (give the path it points to)"
+        )
+    if stat.S_ISDIR(mode):
+        raise TunerError(f"{target}: is a folder; give a file name")
+    if not stat.S_ISREG(mode):
+        raise TunerError(
+            f"{target}: is not a regular file (a FIFO, device or socket); refusing to replace it"
+        )
+    for source in inputs:
+        try:
+            same = os.path.samefile(source, target)
+        except OSError:
+            continue
+        if same:
+            raise TunerError(f"{target}: is the input file {source}; write to another file")
+    return target
+
+
+@contextmanager
+def atomic_text(path: str | Path, inputs: Sequence[str | Path] = ()) -> Iterator[IO[str]]:
+    """A text stream whose content replaces ``path`` only when the block ends without error
+    (written to a temporary file beside it, then renamed). The file gets the mode an
+    existing target had, else the umask's (as ``open`` would give). See :func:`check_output`
+    for what is refused; a full disk is an :class:`OutputError` and leaves nothing behind."""
+    target = check_output(path, inputs)
+    directory = target.parent if str(target.parent) else Path(".")
+    try:
+        mode = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
+    try:
+        handle, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
+    except OSError as exc:
+        raise TunerError(f"{target}: cannot write here: {exc.strerror}") from None
     try:
         with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
             yield stream
+        os.chmod(temp_name, mode)
         os.replace(temp_name, target)
+    except OSError as exc:
+        Path(temp_name).unlink(missing_ok=True)
+        if exc.errno in WRITE_FAILURES:
+            raise OutputError(f"{target}: cannot write: {exc.strerror}; nothing written") from None
+        raise
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

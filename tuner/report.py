@@ -18,6 +18,7 @@ from prefill_tuner.plan import check_study_name
 from prefill_tuner.recommend import RULE, recommend
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import serve_yaml
+from prefill_tuner.search_spaces.space import BASELINE_OUTSIDE
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
 from rich import box
@@ -167,6 +168,12 @@ def render_summary(summary: StudySummary) -> Group:
             f"{', '.join(study.slos)}; objective {study.objective_mode}"
         )
     )
+    if summary.baseline is not None:
+        parts += [
+            Text(f"note: {note}")
+            for note in summary.baseline.repairs or ()
+            if note.startswith(BASELINE_OUTSIDE)
+        ]
     if summary.cut_short:
         parts.append(
             Text(

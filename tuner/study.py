@@ -28,7 +28,7 @@ from prefill_tuner.evaluation import capacity_search, objective_value, verdict_o
 from prefill_tuner.objectives.scoring import Verdict
 from prefill_tuner.plan import StudyPlan
 from prefill_tuner.search_spaces.render import serve_command
-from prefill_tuner.search_spaces.space import effective_settings
+from prefill_tuner.search_spaces.space import baseline_outside_note, effective_settings
 from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TunerStore
 
@@ -229,11 +229,26 @@ def study_directions(plan: StudyPlan) -> list[optuna.study.StudyDirection]:
     ]
 
 
+def baseline_outside(plan: StudyPlan, engine: TrialEngine) -> dict[str, Any]:
+    """The engine's defaults that lie outside the searched ranges (``--space
+    enable_chunked_prefill=false``): the baseline runs them all the same."""
+    return plan.space.outside(engine.default_settings())
+
+
 def enqueue_baseline(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) -> None:
-    """Queue the engine's defaults as the study's first trial, marked as the baseline."""
+    """Queue the engine's defaults as the study's first trial, marked as the baseline.
+
+    A default outside its searched range is enqueued as the nearest point of the range
+    (Optuna refuses a categorical choice outside the distribution) and restored when the trial
+    runs (``baseline_outside``): the baseline measures the engine's defaults, and the sampler
+    sees one point at the range's edge."""
     defaults = engine.default_settings()
     baseline = {name: value for name, value in defaults.items() if name in plan.space.ranges}
-    study.enqueue_trial(plan.space.params_for(baseline), user_attrs={"baseline": True})
+    attrs: dict[str, Any] = {"baseline": True}
+    outside = plan.space.outside(baseline)
+    if outside:
+        attrs["baseline_outside"] = outside
+    study.enqueue_trial(plan.space.params_for(baseline), user_attrs=attrs)
 
 
 def run_study(
@@ -304,7 +319,11 @@ class TrialObjective:
             trial.set_user_attr(RUNNER_ATTR, this_runner())
         started_at, started = datetime.now(timezone.utc), time.perf_counter()
         sampled = plan.space.suggest(trial)
+        outside = dict(trial.user_attrs.get("baseline_outside") or {})
+        sampled.update(outside)
         settings, repairs = effective_settings(sampled, plan.space.fixed, self.max_model_len)
+        if outside:
+            repairs.insert(0, baseline_outside_note(outside))
         if plan.objective_mode == "capacity":
             run, verdict, multiplier = capacity_search(
                 self.engine,

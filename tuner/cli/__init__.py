@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from typing import NoReturn
 
+import optuna
 import typer
 from prefill_tuner import __version__, exit_codes
 from prefill_tuner.cli.nightly_cmd import nightly_command
@@ -13,6 +17,9 @@ from prefill_tuner.cli.simulate_cmd import simulate_command
 from prefill_tuner.cli.trace_cmd import trace_app
 from prefill_tuner.cli.worker_cmd import worker_command
 from prefill_tuner.errors import TunerError
+from prefill_tuner.files import WRITE_FAILURES
+from prefill_tuner.storage.store import mask_password, storage_error
+from sqlalchemy.exc import SQLAlchemyError
 
 app = typer.Typer(
     name="tune",
@@ -53,12 +60,78 @@ def _root(
 
 
 def main() -> None:
-    """Console entry point: run the app, turning user errors into one line and exit code 2."""
+    """Console entry point: run the app, turning user errors (ours and the parser's) into one
+    line and exit code 2, and a failing disk, pipe or database into one line and exit code 1."""
     try:
-        app()
+        try:
+            code = app(standalone_mode=False, prog_name="tune")  # errors: said in one line
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
+    except SystemExit as exit_:
+        if exit_.code == exit_codes.FAILURE and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            # click's own answer to EPIPE: quiet stdout, exit 1 (say why, in one line)
+            _fail("standard output was closed before everything was written", exit_codes.FAILURE)
+        raise
     except TunerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exit_codes.BAD_INPUT)
+        _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:  # outside a study's own handling (e.g. reading a large trace)
-        print("interrupted", file=sys.stderr)
-        sys.exit(exit_codes.INTERRUPTED)
+        _fail("interrupted", exit_codes.INTERRUPTED)
+    except BrokenPipeError:
+        _fail("standard output was closed before everything was written", exit_codes.FAILURE, True)
+    except OSError as exc:
+        if exc.errno not in WRITE_FAILURES:
+            raise
+        _fail(f"cannot write to standard output: {exc.strerror}", exit_codes.FAILURE, True)
+    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
+        _fail(f"the storage failed: {_storage_failure(exc)}", exit_codes.FAILURE)
+    except Exception as exc:
+        if not _is_click(exc, "ClickException", "Abort"):
+            raise
+        _parser_error(exc)
+    if isinstance(code, int) and code:
+        sys.exit(code)
+
+
+def _is_click(exc: BaseException, *names: str) -> bool:
+    """Whether ``exc`` is one of click's exceptions (by name: typer vendors click in newer
+    versions, and typer itself tells them apart so)."""
+    return any(kind.__name__ in names for kind in type(exc).__mro__)
+
+
+def _parser_error(exc: Exception) -> NoReturn:
+    """A usage error of the argument parser (a missing argument, a value out of range) in one
+    line naming the command and its ``--help``; no arguments at all: the help."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        help_text = exc.format_message()  # type: ignore[attr-defined]
+        if help_text.strip():  # typer's rich help is printed when it is built
+            print(help_text, file=sys.stderr)
+        sys.exit(exit_codes.BAD_INPUT)
+    if _is_click(exc, "Abort"):
+        _fail("aborted", exit_codes.FAILURE)
+    message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+    context = getattr(exc, "ctx", None)
+    if context is not None:
+        message += f" (see {context.command_path} --help)"
+    _fail(message, int(getattr(exc, "exit_code", exit_codes.FAILURE)))
+
+
+def _fail(message: str, code: int, stdout_failed: bool = False) -> NoReturn:
+    """One line on stderr, then exit. A failed stdout (a closed pipe, a full disk) is pointed
+    at /dev/null first, so that Python's exit does not fail again flushing what is left."""
+    if stdout_failed:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    with contextlib.suppress(OSError):
+        print(f"error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _storage_failure(exc: BaseException) -> str:
+    """The database's own words, every storage URL given masked."""
+    given = [os.environ.get("TUNE_STORAGE", "")]
+    given += [arg.split("=", 1)[-1] for arg in sys.argv if "://" in arg]
+    text = storage_error(exc, "")
+    for url in filter(None, given):
+        text = mask_password(text, url)
+    return text

@@ -9,12 +9,14 @@ import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 import optuna
 from prefill_tuner.engines.sim import SimResult
 from prefill_tuner.objectives.scoring import Objective
 from prefill_tuner.objectives.slo import format_seconds
 from prefill_tuner.plan import RATE_MULTIPLIER, StudyPlan
+from prefill_tuner.search_spaces.space import baseline_outside_note
 from prefill_tuner.study import StudyProgress, TrialResult
 from prefill_tuner.trace import Trace
 from prefill_tuner.trace.stats import TraceStats
@@ -85,8 +87,15 @@ def stop_signals(console: Console | None = None) -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def print_study_header(console: Console, plan: StudyPlan, trace_name: str, version: str) -> None:
-    """What is about to be tuned: the study, the trace, the engine, the space."""
+def print_study_header(
+    console: Console,
+    plan: StudyPlan,
+    trace_name: str,
+    version: str,
+    baseline_outside: dict[str, Any] | None = None,
+) -> None:
+    """What is about to be tuned: the study, the trace, the engine, the space (and the
+    engine defaults it leaves out, which the baseline runs all the same)."""
     console.print(
         escape(f"study {plan.name} on {trace_name} ({len(plan.trace):,} requests) with {version}"),
         soft_wrap=True,
@@ -95,6 +104,8 @@ def print_study_header(console: Console, plan: StudyPlan, trace_name: str, versi
         console.print(escape(f"  search {line}"), soft_wrap=True)
     for dropped in plan.space.dropped:
         console.print(escape(f"  dropped {dropped}"), soft_wrap=True)
+    if baseline_outside:
+        console.print(escape(f"  note: {baseline_outside_note(baseline_outside)}"), soft_wrap=True)
     for note in plan.trace.adjustments:
         console.print(escape(f"  trace: {note}"), soft_wrap=True)
 
@@ -295,7 +306,12 @@ def render_stats(trace: Trace, stats: TraceStats) -> Table:
         table.add_row("trace", f"{trace.source.path} ({trace.source.format}{digest})")
     table.add_row("requests", f"{stats.requests:,}")
     table.add_row("duration", f"{stats.duration_s:,.1f} s ({stats.duration_s / 60:,.1f} min)")
-    table.add_row("mean rate", f"{stats.mean_rate:.2f} req/s")
+    table.add_row(
+        "mean rate",
+        f"{stats.mean_rate:.2f} req/s"
+        if math.isfinite(stats.mean_rate)
+        else "n/a (all requests arrive at once)",
+    )
     table.add_row(
         "burstiness",
         f"index of dispersion {stats.index_of_dispersion:.2f} (1 = Poisson); "

@@ -31,6 +31,7 @@ from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.nightly.retune import NightlyPlan, retune
 from prefill_tuner.plan import SpaceSpec, build_plan, check_study_name
 from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study import baseline_outside
 from rich.console import Console
 from rich.markup import escape
 
@@ -117,9 +118,11 @@ def nightly_command(
         deadline_s=deadline,
     )
     err = error_console()
-    print_study_header(err, plan, str(trace_file), trial_engine.version)
+    store = TunerStore(storage)  # a damaged storage fails before the first trial
+    print_study_header(
+        err, plan, str(trace_file), trial_engine.version, baseline_outside(plan, trial_engine)
+    )
     quiet_optuna()
-    store = TunerStore(storage)
 
     def say(text: str) -> None:
         err.print(escape(f"nightly {study}: {text}"), soft_wrap=True)

@@ -22,6 +22,7 @@ from prefill_tuner.engines.factory import EngineOptions
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.errors import TunerError
 from prefill_tuner.plan import SpaceSpec, TraceSpec
+from prefill_tuner.storage.store import check_storage_url
 from prefill_tuner.trace import ShapeOptions
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
@@ -30,12 +31,20 @@ ENGINE_PANEL = "Engine"
 TRACE_PANEL = "Trace shaping"
 SPACE_PANEL = "Search space"
 
+
 # Options that stand alone ------------------------------------------------------------------
+def _storage_url(url: str) -> str:
+    """Checked as soon as it is read (before a trace is loaded or an engine probed)."""
+    check_storage_url(url)
+    return url
+
+
 StorageOpt = Annotated[
     str,
     typer.Option(
         "--storage",
         envvar="TUNE_STORAGE",
+        callback=_storage_url,
         help="Study database URL (SQLite file or PostgreSQL); from $TUNE_STORAGE when not "
         "given, which keeps a password out of command lines and process lists.",
     ),
@@ -499,9 +508,14 @@ def shape_options(
         )
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else ""
         message = str(first["msg"]).removeprefix("Value error, ")
-        raise TunerError(f"{_FLAGS.get(field, field)}: {message}") from None
+        # A check across fields has no location: name the field its message names.
+        field = str(first["loc"][0]) if first["loc"] else ""
+        field = field or next((name for name in _FLAGS if name in message), "")
+        message = message.removeprefix(f"{field} ")
+        for name, flag in _FLAGS.items():
+            message = message.replace(name, flag)
+        raise TunerError(f"{_FLAGS.get(field, field)}: {message}" if field else message) from None
 
 
 _FLAGS = {

@@ -11,7 +11,7 @@ from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import error_console, output_console, quiet_optuna
 from prefill_tuner.cli.options import StorageOpt, StudyOpt
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import atomic_text
+from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.plan import check_study_name
 from prefill_tuner.report import export, find_study, render_summary, summarize_stored
 from prefill_tuner.storage.store import TunerStore
@@ -24,7 +24,7 @@ def pareto_command(study_name: StudyOpt = None, storage: StorageOpt = defaults.S
     if study_name is not None:
         check_study_name(study_name)  # before the storage is opened (or created)
     quiet_optuna()
-    store = TunerStore(storage)
+    store = TunerStore(storage, create=False)
     summary = summarize_stored(store, find_study(store, study_name))
     output_console().print(render_summary(summary), crop=False)
     if summary.recommended is None:
@@ -44,8 +44,10 @@ def export_command(
         raise TunerError(f"--format: expected shell, yaml or json, got {format!r}")
     if study_name is not None:
         check_study_name(study_name)  # before the storage is opened (or created)
+    if output is not None:
+        check_output(output)
     quiet_optuna()
-    store = TunerStore(storage)
+    store = TunerStore(storage, create=False)
     name = find_study(store, study_name)
     summary = summarize_stored(store, name)
     if summary.recommended is None:

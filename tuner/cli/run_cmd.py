@@ -35,7 +35,7 @@ from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.plan import SpaceSpec, build_plan
 from prefill_tuner.report import render_summary, summarize_stored
 from prefill_tuner.storage.store import TunerStore, redact_url
-from prefill_tuner.study import open_study, run_study
+from prefill_tuner.study import baseline_outside, open_study, run_study
 from prefill_tuner.worker.definition import definition_of
 from rich.markup import escape
 
@@ -122,8 +122,8 @@ def run_command(
         capacity_tolerance=capacity_tolerance,
         early_abort=early_abort,
     )
+    store = TunerStore(storage)  # a damaged storage fails before the first trial
     quiet_optuna()
-    store = TunerStore(storage)
     opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
     store.record_definition(opened[1], trials, definition_of(plan, sort=trace.sort))
     if bundled:
@@ -133,7 +133,11 @@ def run_command(
             soft_wrap=True,
         )
     print_study_header(
-        err, plan, "the bundled sample" if bundled else str(trace_file), trial_engine.version
+        err,
+        plan,
+        "the bundled sample" if bundled else str(trace_file),
+        trial_engine.version,
+        baseline_outside(plan, trial_engine),
     )
     if create_only:
         worker = ["tune", "worker", "--study", plan.name]

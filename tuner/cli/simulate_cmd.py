@@ -20,7 +20,7 @@ from prefill_tuner.cli.options import (
 from prefill_tuner.engines.sim import load_profile, simulate
 from prefill_tuner.engines.sim.config import resolve_config
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import atomic_text
+from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.trace import load_trace
 
 
@@ -48,6 +48,8 @@ def simulate_command(
     trace: TraceChoice,
 ) -> None:
     """Replay a trace through the simulated vLLM V1 scheduler and print its latency summary."""
+    if steps_out is not None:
+        check_output(steps_out, [trace_file])
     engine_profile = load_profile(profile)
     config = resolve_config(engine_profile, engine.settings, engine.kv_cache_memory_bytes)
     if over_length is not None and over_length not in ("clip", "drop"):
@@ -61,7 +63,7 @@ def simulate_command(
     if steps_out is None:
         result = simulate(requests, config, engine_profile)
     else:
-        with atomic_text(steps_out) as stream:
+        with atomic_text(steps_out, [trace_file]) as stream:
             result = simulate(
                 requests,
                 config,

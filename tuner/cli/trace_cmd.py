@@ -10,6 +10,7 @@ import typer
 from prefill_tuner.cli.display import error_console, json_safe, output_console, render_stats
 from prefill_tuner.cli.options import TRACE_WITH_LENGTH, JsonOpt, TraceChoice, with_options
 from prefill_tuner.errors import TunerError
+from prefill_tuner.files import check_output
 from prefill_tuner.trace import Trace, load_trace
 from prefill_tuner.trace.native import write_native
 from prefill_tuner.trace.stats import trace_stats
@@ -64,8 +65,10 @@ def convert_command(
     reading: TraceChoice,
 ) -> None:
     """Write a trace in the native format (Mooncake-style JSONL), shaped as asked."""
+    if str(target) != "-":
+        check_output(target, [source])  # before the work: never over the source
     trace = load_trace(str(source), reading.format, sort=reading.sort, options=reading.shaping)
-    write_native(trace.requests, target)
+    write_native(trace.requests, target, [source])
     _report(trace, target)
 
 
@@ -125,6 +128,8 @@ def synth_command(
     if arrivals not in ("poisson", "gamma", "uniform"):
         raise TunerError(f"--arrivals: expected poisson, gamma or uniform, got {arrivals!r}")
     kind: Arrivals = arrivals  # type: ignore[assignment]
+    if str(target) != "-":
+        check_output(target)
     trace = synthesize(
         parse_mix(mix),
         rate,

@@ -67,7 +67,7 @@ def worker_command(
         raise TunerError(f"--grace {grace}: must be longer than --heartbeat {heartbeat}")
     check_study_name(study_name)
     quiet_optuna()
-    store = TunerStore(storage)
+    store = TunerStore(storage, create=False)  # the study must exist
     record = store.get_study(study_name)
     if record is None:
         names = ", ".join(store.study_names()) or "none"

@@ -41,6 +41,21 @@ class EngineOptions:
 def build_engine(options: EngineOptions) -> TrialEngine:
     """The trial engine the options name; a real engine probes vLLM once here."""
     if options.engine == "sim":
+        real_only = [
+            flag
+            for flag, value in (
+                ("--server-arg", options.server_args),
+                ("--server-env", options.server_env),
+                ("--vllm-python", options.vllm_python),
+                ("--serve-cmd", options.serve_cmd),
+            )
+            if value
+        ]
+        if real_only:
+            raise TunerError(
+                f"{real_only[0]}: only for --engine vllm; the simulator starts no server "
+                "(give its settings with --set, its hardware with --profile)"
+            )
         from prefill_tuner.engines.sim import load_profile
         from prefill_tuner.engines.sim.adapter import SimEngine
 

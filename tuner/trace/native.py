@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from prefill_tuner.files import atomic_text
@@ -41,18 +41,23 @@ def _milliseconds(seconds: float) -> int | float:
     return int(value) if value.is_integer() else value
 
 
-def write_native(requests: Iterable[Request], path: str | Path) -> None:
-    """Write requests as native JSONL, atomically: the file appears whole or not at all.
+def write_native(
+    requests: Iterable[Request], path: str | Path, inputs: Sequence[str | Path] = ()
+) -> None:
+    """Write requests as native JSONL, atomically: the file appears whole or not at all, and
+    never over one of ``inputs`` (:func:`~prefill_tuner.files.atomic_text`).
 
     ``-`` writes to standard output.
     """
     if str(path) == "-":
         sys.stdout.writelines(native_lines(requests))
         return
-    atomic_write_lines(path, native_lines(requests))
+    atomic_write_lines(path, native_lines(requests), inputs)
 
 
-def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:
+def atomic_write_lines(
+    path: str | Path, lines: Iterable[str], inputs: Sequence[str | Path] = ()
+) -> None:
     """Write the lines to ``path`` atomically."""
-    with atomic_text(path) as stream:
+    with atomic_text(path, inputs) as stream:
         stream.writelines(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -49,8 +50,12 @@ def trace_stats(trace: Trace) -> TraceStats:
     prompts = np.fromiter((r.prompt_tokens for r in requests), dtype=float, count=len(requests))
     outputs = np.fromiter((r.output_tokens for r in requests), dtype=float, count=len(requests))
     duration = float(arrivals[-1] - arrivals[0]) if len(arrivals) else 0.0
-    counts = np.bincount(np.floor(arrivals - arrivals[0]).astype(np.int64))
-    dispersion = float(counts.var() / counts.mean())
+    # Requests per one-second bin, empty bins included, without allocating a bin per second
+    # (a trace may span 10^12 seconds).
+    _, counts = np.unique(np.floor(arrivals - arrivals[0]), return_counts=True)
+    bins = math.floor(duration) + 1
+    mean = len(requests) / bins
+    dispersion = float(max(float((counts.astype(float) ** 2).sum()) / bins - mean**2, 0.0) / mean)
     seen: set[int] = set()
     total_blocks = reused = 0
     for request in requests:

@@ -7,6 +7,7 @@ The same arguments and seed always give the same trace.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +16,12 @@ from typing import Literal
 import numpy as np
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace.model import Request, Trace, TraceSource
+from prefill_tuner.trace.readers import MAX_TIMESTAMP, MAX_TOKENS
+
+MAX_REQUESTS = 10_000_000
+"""Most requests a synthetic trace may hold (about 1 GB of JSONL)."""
+MAX_SECONDS = MAX_TIMESTAMP / 1000
+"""Latest arrival a trace may hold: the readers refuse later timestamps (native: ms)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +79,10 @@ def parse_burst(text: str) -> Burst:
     count = int(match.group(3) or 1)
     if count < 1:
         raise TunerError(f"burst {text!r}: the count must be at least 1")
+    if count > MAX_REQUESTS:
+        raise TunerError(f"burst {text!r}: the count must be at most {MAX_REQUESTS:,}")
+    if not at_s <= MAX_SECONDS:
+        raise TunerError(f"burst {text!r}: the time must be at most {MAX_SECONDS:g} seconds")
     return Burst(_request_class(match.group(1)), at_s, count)
 
 
@@ -100,7 +111,13 @@ def _request_class(name: str) -> RequestClass:
         return PRESETS[name]
     match = re.fullmatch(r"(\d+)x(\d+)", name)
     if match and int(match.group(1)) > 0 and int(match.group(2)) > 0:
-        return RequestClass(name, int(match.group(1)), int(match.group(2)))
+        prompt, output = int(match.group(1)), int(match.group(2))
+        if max(prompt, output) > MAX_TOKENS:
+            raise TunerError(
+                f"request class {name!r}: at most {MAX_TOKENS:,} prompt or output tokens "
+                "(what a trace may hold)"
+            )
+        return RequestClass(name, prompt, output)
     known = ", ".join(PRESETS)
     raise TunerError(
         f"unknown request class {name!r}: use one of {known}, or PROMPTxOUTPUT like 1024x128"
@@ -122,12 +139,22 @@ def arrival_times(
     ``gamma`` interarrivals have coefficient of variation ``cv`` (> 1 is burstier than
     Poisson, < 1 smoother); ``uniform`` spaces arrivals exactly 1/rate apart, the first at 0.
     """
-    if not rate > 0:
-        raise TunerError(f"the rate must be positive, got {rate}")
+    if not 0 < rate < math.inf:
+        raise TunerError(f"--rate: must be a positive number of arrivals per second, got {rate}")
     if duration_s is None and count is None:
         raise TunerError("give a duration or a request count")
-    if arrivals == "gamma" and not cv > 0:
-        raise TunerError(f"the gamma coefficient of variation must be positive, got {cv}")
+    if duration_s is not None and not 0 <= duration_s <= MAX_SECONDS:
+        raise TunerError(f"--duration: must be at most {MAX_SECONDS:g} seconds, got {duration_s}")
+    if arrivals == "gamma" and not 0 < cv < math.inf:
+        raise TunerError(f"--cv: must be a positive number, got {cv}")
+    expected = count if count is not None else duration_s * rate  # type: ignore[operator]
+    if count is not None and duration_s is not None:
+        expected = min(count, duration_s * rate)
+    if expected > MAX_REQUESTS:
+        raise TunerError(
+            f"about {expected:,.0f} requests: a synthetic trace holds at most {MAX_REQUESTS:,} "
+            "(lower --rate, --duration or --count)"
+        )
     wanted = count if count is not None else int(duration_s * rate * 1.5 + 20)  # type: ignore[operator]
     times = np.empty(0)
     while True:
@@ -152,6 +179,11 @@ def arrival_times(
         times = times[times < duration_s]
     if count is not None:
         times = times[:count]
+    if times.size and times[-1] > MAX_SECONDS:
+        raise TunerError(
+            f"arrivals run past {MAX_SECONDS:g} seconds, later than a trace may hold "
+            "(raise --rate or lower --count)"
+        )
     return times
 
 

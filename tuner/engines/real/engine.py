@@ -38,7 +38,7 @@ from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.objectives.metrics import summarize_run
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import flag_name, serve_args
-from prefill_tuner.search_spaces.space import EngineCapabilities
+from prefill_tuner.search_spaces.space import EngineCapabilities, effective_settings
 from prefill_tuner.trace.model import Trace
 
 VLLM_ARGS = Path(__file__).resolve().parent.parent / "vllm_args.py"
@@ -131,6 +131,19 @@ class VllmEngine:
                 raise TunerError(
                     f"--set {name}: vLLM {self.capabilities.version} has no {flag} flag"
                 )
+        if not fixed:
+            return
+        # Ask vLLM's own parser and config classes once, before the first trial, with the
+        # fixed settings over the defaults, repaired as every trial's settings are.
+        settings = {**self.default_settings(), **fixed}
+        with contextlib.suppress(TypeError):  # a value of the wrong type: vLLM says which
+            settings, _ = effective_settings(settings, {}, self.max_model_len(fixed))
+        args = [*self.server_args, *serve_args(settings, self.capabilities)]
+        try:
+            ask_vllm(self.python, "resolve", self.model, *args)
+        except VllmQueryError as exc:
+            given = " ".join(f"{name}={value}" for name, value in fixed.items())
+            raise TunerError(f"--set {given}: vLLM refuses it: {exc}") from None
 
     def default_settings(self) -> dict[str, Any]:
         scheduler = self.defaults.get("scheduler_config", {})
@@ -138,7 +151,12 @@ class VllmEngine:
 
     def max_model_len(self, fixed: dict[str, Any]) -> int:
         if "max_model_len" in fixed:
-            return int(fixed["max_model_len"])
+            try:
+                return int(fixed["max_model_len"])
+            except (TypeError, ValueError):
+                raise TunerError(
+                    f"--set max_model_len={fixed['max_model_len']}: expected an integer"
+                ) from None
         return int(self.defaults.get("model_config", {}).get("max_model_len") or 2**20)
 
     def run(

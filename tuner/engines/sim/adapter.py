@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from prefill_tuner.engines.base import EngineRun
-from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.config import SimConfig, resolve_config
 from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile
 from prefill_tuner.engines.sim.engine import SIMULATOR_VERSION, simulate
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.search_spaces.knobs import KNOBS
-from prefill_tuner.search_spaces.space import EngineCapabilities
+from prefill_tuner.search_spaces.space import EngineCapabilities, effective_settings
 from prefill_tuner.trace.model import Trace
 from pydantic import ValidationError
 
@@ -39,7 +39,23 @@ class SimEngine:
         return {**self.profile.engine_defaults, **fixed}
 
     def validate_fixed(self, fixed: dict[str, Any]) -> None:
-        self.base_settings(fixed)
+        """Check ``--set`` values with the model every trial's config is built with
+        (:class:`SimConfig`, as ``tune simulate`` does): each value on its own, then together
+        once repaired as every trial is (:func:`effective_settings`)."""
+        values = self.base_settings(fixed)
+        for name, value in fixed.items():
+            try:
+                SimConfig.__pydantic_validator__.validate_assignment(
+                    SimConfig.model_construct(), name, value
+                )
+            except ValidationError as exc:
+                errors = [error for error in exc.errors() if error["loc"]]  # not the model's
+                if errors:
+                    message = str(errors[0]["msg"]).removeprefix("Value error, ")
+                    raise TunerError(f"--set {name}={value}: {message}") from None
+        checked = SimConfig.model_construct(**values).model_dump()
+        repaired, _ = effective_settings(checked, {}, int(checked["max_model_len"]))
+        resolve_config(self.profile, repaired)
 
     def default_settings(self) -> dict[str, Any]:
         defaults = SimConfig(**self.profile.engine_defaults).model_dump()
