@@ -13,6 +13,7 @@ from prefill_tuner.cli.simulate_cmd import simulate_command
 from prefill_tuner.cli.trace_cmd import trace_app
 from prefill_tuner.cli.worker_cmd import worker_command
 from prefill_tuner.errors import TunerError
+from prefill_tuner.redaction import redact_text
 
 app = typer.Typer(
     name="tune",
@@ -56,6 +57,6 @@ def main() -> None:
     """Console entry point: run the app, turning user errors into one line and exit code 2."""
     try:
         app()
-    except TunerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except TunerError as exc:  # may quote a command line: secrets hidden
+        print(f"error: {redact_text(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
