@@ -8,7 +8,7 @@ what ``vllm serve --config FILE`` reads (``FlexibleArgumentParser.load_config_fi
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -44,20 +44,57 @@ def serve_args(
 
 
 def serve_command(
-    model: str, settings: Mapping[str, Any], capabilities: EngineCapabilities | None = None
+    model: str,
+    settings: Mapping[str, Any],
+    capabilities: EngineCapabilities | None = None,
+    server_args: Sequence[str] = (),
 ) -> str:
-    """A ready ``vllm serve MODEL ...`` line."""
-    return shlex.join(["vllm", "serve", model, *serve_args(settings, capabilities)])
+    """A ready ``vllm serve MODEL ...`` line: the user's own ``server_args`` (``--dtype
+    float32``; secrets already redacted, ``--api-key '<redacted>'``), then the settings (as
+    the trial's server got them: a setting given twice is the later one)."""
+    return shlex.join(["vllm", "serve", model, *server_args, *serve_args(settings, capabilities)])
 
 
-def serve_yaml(settings: Mapping[str, Any], model: str | None = None) -> str:
-    """A YAML file for ``vllm serve [MODEL] --config FILE``.
+def args_document(args: Sequence[str]) -> dict[str, Any]:
+    """Server arguments as ``--config`` YAML keys: ``--dtype float32`` → ``dtype: float32``,
+    ``--enforce-eager`` → ``enforce-eager: true``, ``--x a b`` → a list, whole numbers as
+    numbers. Short options (``-tp``) have no YAML key and are refused."""
+    document: dict[str, Any] = {}
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        index += 1
+        if not arg.startswith("--"):
+            raise ValueError(f"server argument {arg!r} has no --config YAML key; use its --name")
+        key, eq, inline = arg[2:].partition("=")
+        values = [inline] if eq else []
+        while not eq and index < len(args) and not args[index].startswith("--"):
+            values.append(args[index])
+            index += 1
+        typed = [_number(value) for value in values]
+        document[key] = True if not typed else typed[0] if len(typed) == 1 else typed
+    return document
+
+
+def _number(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def serve_yaml(
+    settings: Mapping[str, Any], model: str | None = None, server_args: Sequence[str] = ()
+) -> str:
+    """A YAML file for ``vllm serve [MODEL] --config FILE``: the user's own ``server_args``
+    (secrets redacted), then the settings.
 
     A false boolean is written ``no-FLAG: true``: vLLM turns ``FLAG: false`` into ``--no-FLAG``
     only when the top-level parser knows that option, which for ``vllm serve`` it does not, so
     ``enable-chunked-prefill: false`` would be silently ignored (checked on vLLM 0.32).
     """
     document: dict[str, Any] = {"model": model} if model else {}
+    document.update(args_document(server_args))
     for setting, value in settings.items():
         if setting in NOT_FLAGS:
             continue
@@ -65,4 +102,16 @@ def serve_yaml(settings: Mapping[str, Any], model: str | None = None) -> str:
             document["no-" + flag_name(setting)] = True
         else:
             document[flag_name(setting)] = value
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def command_yaml(command: str, with_model: bool = True) -> str:
+    """The ``--config`` YAML of a stored ``vllm serve MODEL ARGS...`` line (the user's own
+    arguments and the settings, exactly as the line has them); ``with_model=False`` for
+    ``vllm serve MODEL --config FILE``."""
+    words = shlex.split(command)
+    if words[:2] != ["vllm", "serve"] or len(words) < 3:
+        raise ValueError(f"not a 'vllm serve MODEL ...' line: {command[:80]}")
+    document: dict[str, Any] = {"model": words[2]} if with_model else {}
+    document.update(args_document(words[3:]))
     return yaml.safe_dump(document, sort_keys=False)

@@ -93,6 +93,11 @@ class TrialRecord(Base):
     failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     wall_s: Mapped[float] = mapped_column(Float)
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The server log of a real engine's trial (its step trace is ``*.steps.jsonl`` beside
+    it); kept for trials whose server failed to start, which have no metrics."""
+    startup_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Seconds the trial's server took to become healthy (a real engine)."""
 
     study: Mapped[StudyRecord] = relationship(back_populates="trials")
     engine_version: Mapped[EngineVersion] = relationship()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from prefill_tuner.errors import TunerError
+from prefill_tuner.redaction import redact
 from prefill_tuner.storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
 from sqlalchemy import create_engine, inspect, select, text, update
 from sqlalchemy.engine import URL, Engine, make_url
@@ -20,13 +21,18 @@ from sqlalchemy.orm import Session, selectinload
 
 
 def _json_safe(value: Any) -> Any:
-    """JSON columns cannot hold NaN or infinity (PostgreSQL refuses them): use null."""
+    """What a record may hold: no secret (:func:`prefill_tuner.redaction.redact`, whatever
+    path the value came by), and no NaN or infinity in JSON (PostgreSQL refuses them: null)."""
+    return _finite(redact(value))
+
+
+def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
+        return {key: _finite(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(item) for item in value]
+        return [_finite(item) for item in value]
     return value
 
 

@@ -2,10 +2,12 @@
 is under way, to test that crashes and hangs during a replay are caught and classified.
 
 Usage: ``python fault_server.py PLAN VLLM_PYTHON MODEL ARGS...`` (the tuner appends MODEL and
-ARGS, including ``--port``). PLAN is a file with one fault per line (``crash``, ``hang`` or
-``none``); each start takes the first line and removes it, so the trials of one study get one
-fault each. Once ``/metrics`` shows a request running, ``crash`` kills the server (SIGKILL)
-and exits 1; ``hang`` stops it (SIGSTOP) and waits, like a server stuck in a kernel.
+ARGS, including ``--port``). PLAN is a file with one fault per line (``crash``, ``engine``,
+``hang`` or ``none``); each start takes the first line and removes it, so the trials of one
+study get one fault each. Once ``/metrics`` shows a request running, ``crash`` kills the server
+(SIGKILL) and exits 1; ``engine`` kills only its engine core process (SIGKILL, as the OOM
+killer would), leaving the API server to notice (``EngineDeadError``); ``hang`` stops it
+(SIGSTOP) and waits, like a server stuck in a kernel.
 """
 
 from __future__ import annotations
@@ -46,6 +48,20 @@ def running_requests(port: int) -> float:
     return sum(values)
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
 def main() -> int:
     plan, python, model, *args = sys.argv[1:]
     fault = take_fault(Path(plan))
@@ -63,6 +79,11 @@ def main() -> int:
         os.kill(server.pid, signal.SIGKILL)
         server.wait()
         return 1
+    if fault == "engine":
+        for child in children(server.pid):
+            if "EngineCor" in (Path("/proc") / str(child) / "comm").read_text():
+                os.kill(child, signal.SIGKILL)
+        return server.wait()
     os.kill(server.pid, signal.SIGSTOP)
     return server.wait()
 

@@ -6,11 +6,13 @@ on, and no vLLM process is left."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from prefill_tuner.engines.real.cpu_recipe import write_tiny_model
+from prefill_tuner.engines.real.engine import VLLM_ARGS
 from prefill_tuner.storage.store import TunerStore
 
 from tests.conftest import vllm_python
@@ -153,6 +155,11 @@ def test_a_failing_trial_is_stored_with_its_reason_and_the_study_goes_on(
     for trial in trials:
         assert trial.status == "failed" and trial.failure_reason
         assert not trial.feasible and trial.constraints["errors"] > 0
+        # No metrics, but the log is kept, and the report says "failed" and where it is.
+        assert trial.metrics is None and Path(trial.log_path).exists()
+        line = f"trial {trial.trial_number} failed: {trial.failure_reason} (log: {trial.log_path})"
+        assert line in " ".join(out.split())  # however the terminal wrapped it
+    assert "over the limit" not in out
     assert processes_using(workspace / "tiny-llama") == []
 
 
@@ -206,4 +213,117 @@ def test_a_replay_is_cut_short_once_its_slo_is_certainly_missed(tune, workspace:
     # Judged on the bound: the constraint and the objective are at least what it proved.
     assert trial.objectives["p99_ttft"] >= cut["lower_bounds"]["p99_ttft"] > 0.001
     assert trial.constraints["p99_ttft"] > 0 and trial.constraints["errors"] <= 0
+    assert processes_using(workspace / "tiny-llama") == []
+
+
+CANARY_KEY = "sk-canary-7f3a9c1e5b"
+CANARY_TOKEN = "hf-canary-2d8e4b6a0c"
+
+
+def test_secrets_files_and_failures_of_real_trials(tune, workspace: Path) -> None:
+    """One study with an API key and a token: a trial that succeeds (the replay authenticates
+    with the key), one vLLM rejects (max_num_active_seqs over max_num_seqs) and one whose
+    engine core is killed mid-replay; then the same study resumed in the same --log-dir.
+    The canaries are nowhere but in the server's own arguments; every trial has its own log
+    and step trace; failures keep their causes; exports carry the user's own arguments."""
+    plan = workspace / "faults"
+    plan.write_text("none\nengine\n")
+    wrapper = f"{sys.executable} {Path(__file__).parent / 'fault_server.py'} {plan} "
+    options = (
+        "--server-arg",
+        f"{KV_BYTES} --api-key {CANARY_KEY}",
+        "--server-env",
+        f"HF_TOKEN={CANARY_TOKEN}",
+        "--serve-cmd",
+        f"{wrapper} {vllm_python()}",
+        "--set",
+        "max_num_active_seqs=100",
+        "--seed",
+        "1",
+    )
+    outputs = []
+    code, out, err = vllm_run(tune, workspace, 3, *options)
+    outputs += [out, err]
+    assert code == 0, err
+    store = TunerStore(f"sqlite:///{workspace / 'tune.db'}")
+    trials = store.trials(store.get_study("real"))
+    by_kind = {
+        "ok": [t for t in trials if t.status == "complete"],
+        "rejected": [t for t in trials if "rejected the settings" in (t.failure_reason or "")],
+        "crashed": [t for t in trials if "during the replay" in (t.failure_reason or "")],
+    }
+    assert [len(group) for group in by_kind.values()] == [1, 1, 1], [
+        (t.trial_number, t.settings, t.failure_reason) for t in trials
+    ]
+    (ok,), (rejected,), (crashed,) = by_kind.values()
+    # The key works: the server required it and every request was answered.
+    assert ok.metrics["failed"] == 0 and ok.startup_s and ok.startup_s > 0
+    assert ok.resolved_config["model_config"]["dtype"] == "torch.float32"  # not dropped
+    # Causes (item 20), and failed trials reported as failed, not by penalties (item 21).
+    assert rejected.failure_reason.startswith(
+        "vLLM rejected the settings: max_num_active_seqs (100) cannot be greater than max_num_seqs"
+    )
+    assert "EngineDeadError" in crashed.failure_reason or "unexpectedly" in crashed.failure_reason
+    assert f"trial {crashed.trial_number} failed: the server" in err
+    assert f"trial {rejected.trial_number} failed: vLLM rejected" in err
+    assert "3.6e+03" not in err
+    # The user's own arguments are in the serve line, the key redacted (item 19).
+    assert f"--kv-cache-memory-bytes {256 * 2**20}" in ok.serve_command
+    assert "--dtype float32" in ok.serve_command and "--api-key '<redacted>'" in ok.serve_command
+    files_before = {
+        path: path.read_bytes() for path in (workspace / "logs").iterdir() if path.is_file()
+    }
+    # Resume in the same --log-dir: earlier files untouched, the new trial in its own (18).
+    code, out, err = vllm_run(tune, workspace, 4, *options)
+    outputs += [out, err]
+    assert code == 0, err
+    assert all(path.read_bytes() == data for path, data in files_before.items())
+    trials = store.trials(store.get_study("real"))
+    started = [t for t in trials if t.log_path]
+    assert len(started) == 3 and len({t.log_path for t in started}) == 3
+    for trial in started:
+        assert Path(trial.log_path).name.startswith(f"real-trial-{trial.trial_number:04d}")
+        assert Path(trial.log_path).exists()
+    steps = [
+        t.metrics["details"]["server_steps"]["trace"] for t in trials if t.status == "complete"
+    ]
+    assert len(steps) == len(set(steps)) == 2 and all(Path(s).exists() for s in steps)
+    # Exports (item 19): the YAML means to vLLM's own parser what the trial ran with.
+    for fmt in ("shell", "yaml", "json"):
+        target = workspace / f"export.{fmt}"
+        code, out, err = tune(
+            "export",
+            "--format",
+            fmt,
+            "-o",
+            str(target),
+            "--storage",
+            f"sqlite:///{workspace / 'tune.db'}",
+        )
+        outputs += [out, err]
+        assert code == 0, err
+    assert "--api-key '<redacted>'" in (workspace / "export.shell").read_text()
+    parsed = json.loads(
+        subprocess.run(
+            [
+                str(vllm_python()),
+                str(VLLM_ARGS),
+                "parse",
+                "--config",
+                str(workspace / "export.yaml"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        ).stdout.splitlines()[-1]
+    )
+    assert parsed["dtype"] == "float32" and parsed["kv_cache_memory_bytes"] == 256 * 2**20
+    assert parsed["api_key"] == ["<redacted>"] and parsed["enforce_eager"] is True
+    # The canaries (item 2): not in the database, any file written, or any output.
+    written = [p for p in workspace.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".log" for p in written) and (workspace / "tune.db") in written
+    for canary in (CANARY_KEY, CANARY_TOKEN):
+        assert not [p for p in written if canary.encode() in p.read_bytes()]
+        assert not [text for text in outputs if canary in text]
     assert processes_using(workspace / "tiny-llama") == []

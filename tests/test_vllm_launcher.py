@@ -20,8 +20,8 @@ from prefill_tuner.engines.real.launcher import (
     VllmServer,
     classify_failure,
     group_members,
-    redacted_environment,
 )
+from prefill_tuner.redaction import redact_env
 
 from tests.conftest import vllm_python
 
@@ -130,7 +130,7 @@ def test_failure_classification_and_secret_redaction(tmp_path: Path) -> None:
     assert classify_failure(log) == "out of memory"
     log.write_text("something odd\n\n")
     assert classify_failure(log, 1) == "exited with code 1: something odd"
-    assert redacted_environment({"HF_TOKEN": "hf_x", "VLLM_CPU_KVCACHE_SPACE": "1"}) == {
-        "HF_TOKEN": "***",
+    assert redact_env({"HF_TOKEN": "hf_x", "VLLM_CPU_KVCACHE_SPACE": "1"}) == {
+        "HF_TOKEN": "<redacted>",
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }

@@ -59,6 +59,7 @@ def capacity_search(
     tolerance: float,
     abort_rule: EarlyAbortRule | None = None,
     bounds: tuple[float, float] = (1 / 64, 64.0),
+    label: str | None = None,
 ) -> tuple[EngineRun, Verdict, float]:
     """The highest rate multiplier of ``trace`` at which every SLO holds, by doubling or
     halving from 1× to bracket it, then bisecting (geometrically) until ``hi / lo − 1 ≤
@@ -66,7 +67,7 @@ def capacity_search(
     fails (then the run and verdict at the lowest bound)."""
 
     def evaluate(multiplier: float) -> tuple[EngineRun, Verdict]:
-        run = engine.run(scale_rate(trace, multiplier), settings, abort_rule)
+        run = engine.run(scale_rate(trace, multiplier), settings, abort_rule, label=label)
         return run, verdict_of(run, slos, error_budget)
 
     low_bound, high_bound = bounds

@@ -17,7 +17,7 @@ from prefill_tuner.objectives.slo import format_seconds, parse_slos
 from prefill_tuner.plan import check_study_name
 from prefill_tuner.recommend import RULE, recommend
 from prefill_tuner.search_spaces.knobs import KNOBS
-from prefill_tuner.search_spaces.render import serve_yaml
+from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.search_spaces.space import BASELINE_OUTSIDE
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
@@ -66,7 +66,10 @@ def summarize_study(
     recommended = recommend(pareto, baseline, objectives, directions, limits)
     closest: list[TrialRecord] = []
     if not pareto:
-        closest = sorted(trials, key=lambda t: max(t.constraints.values()))[:3]
+        # Failed trials last: their numbers are penalties, not measurements.
+        closest = sorted(trials, key=lambda t: (t.status == "failed", max(t.constraints.values())))[
+            :3
+        ]
     cuts = [_cut_short(trial) for trial in trials]
     cuts = [cut for cut in cuts if cut]
     return StudySummary(
@@ -200,6 +203,9 @@ def render_summary(summary: StudySummary) -> Group:
     else:
         parts.append(Text("\nNo trial met the SLOs.", style="bold red"))
         for trial in summary.closest:
+            if trial.status == "failed":
+                parts.append(Text(f"{failed_text(trial)}; {trial.serve_command}"))
+                continue
             binding = max(trial.constraints, key=lambda name: trial.constraints[name])
             cut = _cut_short(trial)
             if binding == ERRORS and trial.failure_reason:
@@ -215,6 +221,13 @@ def render_summary(summary: StudySummary) -> Group:
                 )
             )
     return Group(*parts)
+
+
+def failed_text(trial: TrialRecord) -> str:
+    """A failed trial as people should read it: failed, why, and where its log is (never the
+    penalty values the optimiser was given)."""
+    log = f" (log: {trial.log_path})" if trial.log_path else ""
+    return f"trial {trial.trial_number} failed: {trial.failure_reason or 'no reason recorded'}{log}"
 
 
 def _binding_text(trial: TrialRecord, name: str) -> str:
@@ -299,8 +312,8 @@ def export(summary: StudySummary, model: str, fmt: str) -> str:
             lines.append(f"# alternative on the Pareto front (trial {trial.trial_number}):")
             lines.append("# " + trial.serve_command)
         return "\n".join(lines) + "\n"
-    if fmt == "yaml":
-        return serve_yaml(ordered[0].settings, model)  # stored settings are the repaired ones
+    if fmt == "yaml":  # the stored line: the user's own arguments and the repaired settings
+        return command_yaml(ordered[0].serve_command)
     entries = [
         {
             "trial": trial.trial_number,

@@ -48,6 +48,8 @@ class TrialResult:
     is_baseline: bool
     cut_short: str | None = None
     """Why the early-abort rule stopped its replay, if it did."""
+    log_path: str | None = None
+    """The server log of a real engine's trial."""
 
 
 @dataclass
@@ -324,6 +326,7 @@ class TrialObjective:
         settings, repairs = effective_settings(sampled, plan.space.fixed, self.max_model_len)
         if outside:
             repairs.insert(0, baseline_outside_note(outside))
+        label = f"{plan.name}-trial-{trial.number:04d}"
         if plan.objective_mode == "capacity":
             run, verdict, multiplier = capacity_search(
                 self.engine,
@@ -333,10 +336,11 @@ class TrialObjective:
                 plan.error_budget,
                 plan.capacity_tolerance,
                 plan.abort_rule,
+                label=label,
             )
             values = [multiplier]
         else:
-            run = self.engine.run(plan.trace, settings, plan.abort_rule)
+            run = self.engine.run(plan.trace, settings, plan.abort_rule, label=label)
             verdict = verdict_of(run, plan.slos, plan.error_budget)
             values = [objective_value(run, o.name) for o in plan.objectives]
         values = self._pessimistic(values, failed=bool(run.failure) or run.metrics is None)
@@ -344,7 +348,9 @@ class TrialObjective:
         for name, value in verdict.constraints.items():
             trial.set_constraint(name, value)
         is_baseline = bool(trial.user_attrs.get("baseline"))
-        command = serve_command(plan.model, settings, self.engine.capabilities)
+        command = serve_command(
+            plan.model, settings, self.engine.capabilities, self.engine.server_args
+        )
         trial.set_user_attr("feasible", verdict.feasible)
         trial.set_user_attr("settings", settings)
         trial.set_user_attr("serve_command", command)
@@ -377,6 +383,8 @@ class TrialObjective:
             failure_reason=run.failure,
             started_at=started_at,
             wall_s=time.perf_counter() - started,
+            log_path=run.log_path,
+            startup_s=run.startup_s,
         )
         self.progress.on_trial(
             TrialResult(
@@ -387,6 +395,7 @@ class TrialObjective:
                 run.failure,
                 is_baseline,
                 run.cut_short.reason if run.cut_short else None,
+                run.log_path,
             )
         )
         return values

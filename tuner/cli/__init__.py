@@ -18,6 +18,7 @@ from prefill_tuner.cli.trace_cmd import trace_app
 from prefill_tuner.cli.worker_cmd import worker_command
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import WRITE_FAILURES
+from prefill_tuner.redaction import redact_text
 from prefill_tuner.storage.store import mask_password, storage_error
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -74,7 +75,7 @@ def main() -> None:
             _fail("standard output was closed before everything was written", exit_codes.FAILURE)
         raise
     except TunerError as exc:
-        _fail(str(exc), exc.exit_code)
+        _fail(redact_text(str(exc)), exc.exit_code)  # may quote a command line: secrets hidden
     except KeyboardInterrupt:  # outside a study's own handling (e.g. reading a large trace)
         _fail("interrupted", exit_codes.INTERRUPTED)
     except BrokenPipeError:

@@ -127,6 +127,7 @@ class ProgressDisplay:
         )
         self.task = self.bar.add_task("no feasible trial yet", total=None)
         self.best: TrialResult | None = None
+        self.failed = 0
         self.progress = StudyProgress(on_start=self._start, on_trial=self._trial)
 
     def __enter__(self) -> ProgressDisplay:
@@ -148,6 +149,7 @@ class ProgressDisplay:
             )
             if better:
                 self.best = result
+        self.failed += bool(result.failure)
         description = "no feasible trial yet"
         if self.best is not None:
             shown = ", ".join(
@@ -155,6 +157,8 @@ class ProgressDisplay:
                 for o, v in zip(objectives, self.best.values, strict=True)
             )
             description = f"best feasible (trial {self.best.number}): {shown}"
+        if self.failed:
+            description += f"; {self.failed} failed"
         self.bar.update(self.task, advance=1, description=escape(description))
         if self.verbose:
             self.bar.console.print(escape(trial_line(result, objectives)), soft_wrap=True)
@@ -166,18 +170,17 @@ def format_value(name: str, value: float) -> str:
 
 
 def trial_line(result: TrialResult, objectives: Sequence[Objective]) -> str:
-    """One line per finished trial: its values, its verdict, and why it failed or was cut
-    short."""
+    """One line per finished trial: its values and verdict, or, for a failed trial, that it
+    failed and why (its values are the optimiser's penalties, not measurements)."""
+    if result.failure:
+        log = f" (log: {result.log_path})" if result.log_path else ""
+        return f"trial {result.number} failed: {result.failure}{log}"
     shown = ", ".join(
         f"{o.name} {'≥ ' if result.cut_short else ''}{format_value(o.name, v)}"
         for o, v in zip(objectives, result.values, strict=True)
     )
     verdict = "meets the SLOs" if result.verdict.feasible else "misses the SLOs"
-    why = ""
-    if result.failure:
-        why = f"; failed: {result.failure}"
-    elif result.cut_short:
-        why = f"; cut short: {result.cut_short}"
+    why = f"; cut short: {result.cut_short}" if result.cut_short else ""
     return f"trial {result.number} {verdict}: {shown}{why}"
 
 

@@ -47,6 +47,10 @@ class EngineRun:
     """Engine-specific extras worth storing (peak KV use, preemptions, prefix hits)."""
     cut_short: CutShort | None = None
     """Set when the early-abort rule stopped the replay (the run is then infeasible)."""
+    log_path: str | None = None
+    """The server's log of this run (a real engine; kept when the server failed to start)."""
+    startup_s: float | None = None
+    """Seconds the server took to become healthy (a real engine)."""
 
 
 class TrialEngine(Protocol):
@@ -54,6 +58,8 @@ class TrialEngine(Protocol):
 
     capabilities: EngineCapabilities
     name: str
+    server_args: tuple[str, ...]
+    """The user's own server arguments, secrets redacted: serve lines include them."""
     version: str
     """What every trial records as the engine's version (``vllm --version``)."""
 
@@ -70,8 +76,14 @@ class TrialEngine(Protocol):
         ...
 
     def run(
-        self, trace: Trace, settings: dict[str, Any], early_abort: EarlyAbortRule | None = None
+        self,
+        trace: Trace,
+        settings: dict[str, Any],
+        early_abort: EarlyAbortRule | None = None,
+        *,
+        label: str | None = None,
     ) -> EngineRun:
         """Replay the trace with these settings; an engine may stop early (and say so in
-        :attr:`EngineRun.cut_short`) once ``early_abort`` finds the verdict certain."""
+        :attr:`EngineRun.cut_short`) once ``early_abort`` finds the verdict certain.
+        ``label`` names the run's files (``STUDY-trial-0003``), if the engine writes any."""
         ...

@@ -9,8 +9,10 @@ from the tuner, so vLLM may live in its own virtual environment::
 
 All print JSON. ``resolve`` builds the engine config exactly as ``vllm serve`` would (vLLM's
 parser, ``AsyncEngineArgs``, ``create_engine_config``) without starting a server, and prints
-every plain field of its scheduler, cache, model, parallel and load configs; secrets (tokens,
-keys, passwords) are left out. Import paths differ between vLLM versions; they are probed.
+every field of its scheduler, cache, model, parallel and load configs (values JSON cannot hold,
+such as a ``torch.dtype``, as their text; nested configs left out); secrets (tokens, keys,
+passwords) are left out. An error is one line on stderr (pydantic's cause included) and exit
+code 1. Import paths differ between vLLM versions; they are probed.
 """
 
 from __future__ import annotations
@@ -75,16 +77,33 @@ def is_secret(name: str) -> bool:
 
 
 def _plain_fields(config: object) -> dict[str, object]:
+    """Every field but secrets and nested configs: plain values as they are, lists of plain
+    values as lists, anything else (``torch.float32``, an enum, a path) as its text."""
     import dataclasses
 
-    values = {}
+    values: dict[str, object] = {}
     for field in dataclasses.fields(config):  # type: ignore[arg-type]
         value = getattr(config, field.name, None)
-        if is_secret(field.name):
+        if is_secret(field.name) or dataclasses.is_dataclass(value) or callable(value):
             continue
-        if value is None or isinstance(value, str | int | float | bool):
-            values[field.name] = value
+        values[field.name] = _plain(value)
     return values
+
+
+def _plain(value: object) -> object:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list | tuple | set | frozenset) and all(
+        item is None or isinstance(item, str | int | float | bool) for item in value
+    ):
+        return sorted(value, key=str) if isinstance(value, set | frozenset) else list(value)
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        try:
+            json.dumps(value)
+            return value
+        except (TypeError, ValueError):
+            pass
+    return str(value)
 
 
 def version() -> dict[str, str]:
@@ -141,16 +160,26 @@ def probe(root: argparse.ArgumentParser, arguments: list[str]) -> dict[str, obje
 
 
 def _validation_errors(exc: BaseException) -> str:
-    """pydantic's errors as one line (``max_num_seqs: Input should be ...``); else ''."""
+    """pydantic's errors as one line (``max_num_seqs: Input should be ...``, or the model
+    validator's own message: ``max_num_active_seqs (200) cannot be greater than max_num_seqs
+    (128)``); else ''."""
     errors = getattr(exc, "errors", None)
     if not callable(errors):
         return ""
     try:
         return "; ".join(
-            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in errors()
+            (f"{'.'.join(str(part) for part in error['loc'])}: " if error["loc"] else "")
+            + str(error["msg"]).removeprefix("Value error, ")
+            for error in errors()
         )
     except Exception:  # not pydantic's errors() after all
         return ""
+
+
+def _error_text(exc: BaseException) -> str:
+    """What was wrong, on one line: pydantic's causes, else the exception's first line."""
+    message = str(exc).strip().splitlines()
+    return _validation_errors(exc) or f"{type(exc).__name__}: {message[0] if message else ''}"
 
 
 def main() -> None:
@@ -163,7 +192,12 @@ def main() -> None:
         return
     root = serve_parser()
     if command == "resolve":
-        print(json.dumps(resolve(root, rest), default=str))
+        try:
+            resolved = resolve(root, rest)
+        except Exception as exc:  # vLLM raises many types; argparse's exit passes through
+            print(f"error: {_error_text(exc)}", file=sys.stderr)
+            raise SystemExit(1) from None
+        print(json.dumps(resolved, default=str))
     elif command == "flags":
         print(json.dumps(flags(root)))
     elif command == "probe":

@@ -15,7 +15,7 @@ from prefill_tuner.nightly import promotion
 from prefill_tuner.nightly.plan import NightlyPlan
 from prefill_tuner.objectives.slo import format_seconds
 from prefill_tuner.report import StudySummary
-from prefill_tuner.search_spaces.render import serve_yaml
+from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.search_spaces.space import EngineCapabilities
 from prefill_tuner.storage.models import NightlyRun
 
@@ -52,7 +52,7 @@ def write_outputs(
         (folder / "serve.sh").chmod(0o755)
         with atomic_text(folder / "serve.yaml") as stream:
             stream.write(f"# vllm serve {shlex.quote(model)} --config serve.yaml\n")
-            stream.write(serve_yaml(night.deployed))
+            stream.write(command_yaml(night.serve_command, with_model=False))
     return report
 
 

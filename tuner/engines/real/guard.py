@@ -14,7 +14,7 @@ import contextlib
 import httpx
 import numpy as np
 from prefill_tuner import defaults
-from prefill_tuner.engines.real.launcher import VllmServer, classify_failure
+from prefill_tuner.engines.real.launcher import VllmServer, classify_failure, failure_cause
 from prefill_tuner.engines.real.replay import ReplayState
 from prefill_tuner.objectives.early_abort import Certainty, EarlyAbortRule
 
@@ -77,7 +77,9 @@ class ReplayGuard:
         except httpx.HTTPError as exc:
             problem = f"stopped answering ({type(exc).__name__} on /health)"
         if not self._server_exited():
-            self._fail(f"the server {problem} during the replay")
+            # The cause is in the log (``EngineDeadError`` and what killed the engine core).
+            cause = failure_cause(self.server.spec.log_path)
+            self._fail(f"the server {problem} during the replay" + (f": {cause}" if cause else ""))
 
     def _server_exited(self) -> bool:
         process = self.server.process

@@ -28,7 +28,6 @@ import httpx
 from prefill_tuner.errors import TunerError
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|CREDENTIAL)", re.IGNORECASE)
 
 
 class ServerStartError(TunerError):
@@ -89,6 +88,9 @@ class VllmServer:
         self.spec = spec
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
+        self.startup_s: float | None = None
+        """Seconds from the start to the first healthy answer."""
+        self._started = 0.0
 
     @property
     def base_url(self) -> str:
@@ -116,6 +118,7 @@ class VllmServer:
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
         log = self.spec.log_path.open("wb")
+        self._started = time.monotonic()
         try:
             self.process = subprocess.Popen(
                 self.spec.command(self.port),
@@ -147,6 +150,7 @@ class VllmServer:
                     )
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:
+                        self.startup_s = time.monotonic() - self._started
                         return
                 except httpx.TransportError:
                     pass
@@ -231,22 +235,80 @@ _FAILURES = (
 )
 
 
-def classify_failure(log_path: Path, exit_code: int | None = None) -> str:
-    """A one-line reason from a failed server's log (the last matching known pattern)."""
+_VLLM_PREFIX = re.compile(r"^(\(\w+ pid=\d+\) )?((?P<level>[A-Z]+) \d\d-\d\d [\d:]+ \[[^\]]+\] )?")
+_EXCEPTION = re.compile(r"\b(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit)): (?P<message>.+)")
+_UNEXPECTED = re.compile(
+    r"(?i)(died|exited|terminated) unexpectedly|Fatal Python error|Segmentation fault"
+)
+_NOISE = re.compile(r"(?i)UserWarning|resource_tracker|warnings\.warn|KeyError: '/psm_")
+_QUIET_LEVELS = ("DEBUG", "INFO", "WARNING")
+"""vLLM logs handled exceptions at these levels (a missing tokenizer at start-up): no cause."""
+
+
+def _tail(log_path: Path, count: int = 400) -> list[str]:
     try:
-        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        text = log_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        lines = []
-    for line in reversed(lines[-400:]):
+        return []
+    return text.splitlines()[-count:]
+
+
+def failure_cause(log_path: Path) -> str | None:
+    """Why the server failed, from its log: a known failure (a flag rejected, out of memory),
+    else the root exception (``EngineDeadError: RuntimeError: ...``, the engine core's own
+    error before vLLM's generic ``EngineDeadError``) or a process that died unexpectedly;
+    ``None`` when the log says nothing of it."""
+    lines = _tail(log_path)
+    return _known_failure(lines) or _root_cause(lines)
+
+
+def _known_failure(lines: list[str]) -> str | None:
+    """The last line that matches a known failure, as its reason."""
+    for line in reversed(lines):
         for pattern, template in _FAILURES:
             match = pattern.search(line)
             if match:
                 return template.format(*(g.strip() for g in match.groups()))
-    last = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
+    return None
+
+
+def _root_cause(lines: list[str]) -> str | None:
+    root: str | None = None
+    dead: str | None = None
+    unexpected: str | None = None
+    for raw in lines:
+        prefix = _VLLM_PREFIX.match(raw.strip())
+        line = raw.strip()[prefix.end() :] if prefix else raw.strip()
+        if not line or _NOISE.search(line) or line.startswith(("File ", "raise ", "^")):
+            continue
+        if _UNEXPECTED.search(line):
+            unexpected = line.removeprefix("[shutdown] ")
+        if prefix and prefix["level"] in _QUIET_LEVELS:
+            continue
+        match = _EXCEPTION.search(line)
+        if match:
+            name = match["name"].rsplit(".", 1)[-1]
+            text = f"{name}: {match['message'].strip()}"
+            if name == "EngineDeadError":
+                dead = name
+            else:
+                root = text
+    cause = root or unexpected
+    if dead:
+        return f"{dead}: {cause}"[:400] if cause else "EngineDeadError (the engine core failed)"
+    return cause[:400] if cause else None
+
+
+def classify_failure(log_path: Path, exit_code: int | None = None) -> str:
+    """A one-line reason from a failed server's log: :func:`failure_cause`, else its last
+    line."""
+    lines = _tail(log_path)
+    known = _known_failure(lines)
+    if known:
+        return known
     code = f"exited with code {exit_code}: " if exit_code is not None else ""
+    cause = _root_cause(lines)
+    if cause:
+        return f"{code}{cause}"
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
     return f"{code}{last[:300]}"
-
-
-def redacted_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment as it may be stored or logged: secrets' values hidden."""
-    return {key: "***" if SECRET_ENV.search(key) else value for key, value in env.items()}

@@ -44,6 +44,8 @@ class ReplayOptions:
     """A request that has not finished after this long is abandoned (and counted)."""
     drain_timeout_s: float = 600.0
     """After the last send, how long to wait for the rest before giving up on them."""
+    api_key: str | None = None
+    """Sent as ``Authorization: Bearer KEY`` (a server started with ``--api-key``)."""
 
 
 class ReplayState:
@@ -146,7 +148,10 @@ async def replay(
         for r in trace.requests
     ]
     lateness = np.zeros(len(trace.requests))
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+    headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
+    async with httpx.AsyncClient(
+        base_url=base_url, limits=limits, timeout=timeout, headers=headers
+    ) as client:
         state.started = started = time.monotonic()
 
         async def one(index: int, request: Request) -> RequestRecord:

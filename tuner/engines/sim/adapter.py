@@ -20,6 +20,7 @@ class SimEngine:
     """Runs trials on the simulated vLLM V1 scheduler with a step-time profile."""
 
     name = "sim"
+    server_args: tuple[str, ...] = ()
     deterministic = True
     """The same trace and settings always give the same run."""
 
@@ -66,7 +67,12 @@ class SimEngine:
         return int(values.get("max_model_len", SimConfig.model_fields["max_model_len"].default))
 
     def run(
-        self, trace: Trace, settings: dict[str, Any], early_abort: EarlyAbortRule | None = None
+        self,
+        trace: Trace,
+        settings: dict[str, Any],
+        early_abort: EarlyAbortRule | None = None,
+        *,
+        label: str | None = None,
     ) -> EngineRun:
         """Simulate the whole trace: ``early_abort`` is not used (a simulated run costs less
         than watching it would save)."""
