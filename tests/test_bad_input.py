@@ -78,6 +78,18 @@ def test_valid_set_values_and_repairable_ones_still_run(tune, tmp_path: Path) ->
     assert code == 0, err
 
 
+def test_set_values_run_as_the_engine_reads_them(tune, tmp_path: Path) -> None:
+    """``enable_chunked_prefill=0`` is ``False`` to the simulator: the trials run with it (and
+    the repair that goes with it), not with the integer 0 that every trial's config refuses."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    args = ("--trials", "2", "--storage", storage, "--set", "enable_chunked_prefill=0")
+    code, _, err = tune("run", *SMALL, *args)
+    assert code == 0, err
+    _, trials = stored(storage)
+    assert all(t.status == "complete" for t in trials), [t.failure_reason for t in trials]
+    assert all(t.settings["enable_chunked_prefill"] is False for t in trials)
+
+
 def test_real_engine_asks_vllm_about_fixed_settings_once(monkeypatch) -> None:
     """The real engine validates ``--set`` through vLLM's own parser and config classes
     (``vllm_args.py resolve``), once, before any trial; vLLM's answer names the problem."""
