@@ -483,3 +483,15 @@ def test_real_engine_options_are_refused_with_the_simulator(
     err = one_line_error(*tune(*base, "--storage", f"sqlite:///{storage}", *flag))
     assert f"error: {flag[0]}: only for --engine vllm" in err
     assert not storage.exists()
+
+
+def test_a_numeric_default_outside_its_range_runs_as_the_baseline(tune, tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    args = ("--trials", "3", "--storage", storage, "--space", "max_num_seqs=1..8")
+    code, out, err = tune("run", *SMALL, *args)
+    assert code == 0, err
+    assert "lies outside the searched space: max_num_seqs=1024" in err + out
+    _, trials = stored(storage)
+    baseline = next(t for t in trials if t.is_baseline)
+    assert baseline.settings["max_num_seqs"] == 1024
+    assert all(t.settings["max_num_seqs"] <= 8 for t in trials if not t.is_baseline)
