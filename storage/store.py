@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import math
+import os
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -229,12 +230,12 @@ def _check_sqlite_path(parsed: URL, shown: str, must_exist: bool) -> None:
             raise TunerError(f"{shown}: no such database (an in-memory one is empty)")
         return
     path = Path(database)
-    if must_exist and not path.is_file():
+    if must_exist and not os.path.isfile(path):
         raise TunerError(f"{shown}: no such database ({path} does not exist)")
-    if path.is_dir():
+    if os.path.isdir(path):
         raise TunerError(f"{shown}: {path} is a folder, not a database file")
     folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
+    if not os.path.isdir(folder):
         raise TunerError(f"{shown}: the folder {str(folder)!r} does not exist")
 
 
@@ -272,21 +273,28 @@ def mask_password(text: str, url: str) -> str:
 
 
 def _password(url: str) -> str:
-    _, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return ""
-    credentials = rest.rpartition("@")[0]
-    return credentials.partition(":")[2]
+    parts = _credentials(url)
+    return parts[1] if parts else ""
+
+
+def _credentials(url: str) -> tuple[str, str, str] | None:
+    """``(SCHEME://USER, PASSWORD, HOST...)`` of a URL, or of text that looks like one (a
+    mistyped URL may hold a password too); ``None`` without a password."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" not in rest:
+        return None
+    credentials, _, host = rest.rpartition("@")
+    user, colon, password = credentials.partition(":")
+    return (f"{scheme}{sep}{user}", password, host) if colon else None
 
 
 def redact_url(url: str) -> str:
     """A storage URL without its password, for messages: everything between the user name and
     the last ``@`` is masked (a password may hold ``@`` or ``:``), and so is a ``password=``
-    query parameter."""
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest:
-        credentials, _, host = rest.rpartition("@")
-        user, colon, _ = credentials.partition(":")
-        if colon:
-            url = f"{scheme}://{user}:***@{host}"
+    query parameter. Text that only looks like a URL is masked the same way."""
+    parts = _credentials(url)
+    if parts is not None:
+        url = f"{parts[0]}:***@{parts[2]}"
     return re.sub(r"(?i)(password=)[^&#]*", r"\1***", url)

@@ -78,6 +78,18 @@ def test_valid_set_values_and_repairable_ones_still_run(tune, tmp_path: Path) ->
     assert code == 0, err
 
 
+def test_set_values_run_as_the_engine_reads_them(tune, tmp_path: Path) -> None:
+    """``enable_chunked_prefill=0`` is ``False`` to the simulator: the trials run with it (and
+    the repair that goes with it), not with the integer 0 that every trial's config refuses."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    args = ("--trials", "2", "--storage", storage, "--set", "enable_chunked_prefill=0")
+    code, _, err = tune("run", *SMALL, *args)
+    assert code == 0, err
+    _, trials = stored(storage)
+    assert all(t.status == "complete" for t in trials), [t.failure_reason for t in trials]
+    assert all(t.settings["enable_chunked_prefill"] is False for t in trials)
+
+
 def test_real_engine_asks_vllm_about_fixed_settings_once(monkeypatch) -> None:
     """The real engine validates ``--set`` through vLLM's own parser and config classes
     (``vllm_args.py resolve``), once, before any trial; vLLM's answer names the problem."""
@@ -471,3 +483,15 @@ def test_real_engine_options_are_refused_with_the_simulator(
     err = one_line_error(*tune(*base, "--storage", f"sqlite:///{storage}", *flag))
     assert f"error: {flag[0]}: only for --engine vllm" in err
     assert not storage.exists()
+
+
+def test_a_numeric_default_outside_its_range_runs_as_the_baseline(tune, tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    args = ("--trials", "3", "--storage", storage, "--space", "max_num_seqs=1..8")
+    code, out, err = tune("run", *SMALL, *args)
+    assert code == 0, err
+    assert "lies outside the searched space: max_num_seqs=1024" in err + out
+    _, trials = stored(storage)
+    baseline = next(t for t in trials if t.is_baseline)
+    assert baseline.settings["max_num_seqs"] == 1024
+    assert all(t.settings["max_num_seqs"] <= 8 for t in trials if not t.is_baseline)

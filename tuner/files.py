@@ -26,7 +26,7 @@ def check_output(path: str | Path, inputs: Sequence[str | Path] = ()) -> Path:
     followed, not replaced): name the file it points to."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
+    if not os.path.isdir(directory):
         raise TunerError(f"{target}: the output folder {str(directory)!r} does not exist")
     try:
         mode = target.lstat().st_mode

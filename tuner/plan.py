@@ -128,8 +128,7 @@ def search_space_for(engine: TrialEngine, spec: SpaceSpec) -> SearchSpace:
     values = {k: parse_value(v) for k, v in parse_assignments(list(spec.fixed), "--set").items()}
     overrides = load_space_file(spec.space_file) if spec.space_file else {}
     overrides.update(parse_assignments(list(spec.ranges), "--space"))
-    engine.validate_fixed(values)
-    return build_space(engine.capabilities, overrides, values)
+    return build_space(engine.capabilities, overrides, engine.validate_fixed(values))
 
 
 def build_plan(

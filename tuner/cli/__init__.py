@@ -124,8 +124,16 @@ def _fail(message: str, code: int, stdout_failed: bool = False) -> NoReturn:
         with contextlib.suppress(OSError, ValueError, AttributeError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     with contextlib.suppress(OSError):
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {_one_line(message)}", file=sys.stderr)
     sys.exit(code)
+
+
+def _one_line(message: str) -> str:
+    """The message on one line: a value the user gave may hold a newline or a control
+    character, shown escaped as Python writes it."""
+    return "".join(
+        char if char.isprintable() or char == " " else repr(char)[1:-1] for char in message
+    )
 
 
 def _storage_failure(exc: BaseException) -> str:

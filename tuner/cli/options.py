@@ -56,7 +56,9 @@ SloOpt = Annotated[
     list[str], typer.Option("--slo", help="SLO like p99_tpot=50ms or p95_ttft=2s (repeatable).")
 ]
 ModelOpt = Annotated[str, typer.Option("--model", help="Model named in serve lines.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Sampler seed.")]
+MAX_SEED = 2**32 - 1
+"""Seeds go to numpy and Optuna, which take 0..2**32-1."""
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help="Sampler seed.")]
 TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="Trials of the study.")]
 ErrorBudgetOpt = Annotated[
     float,
@@ -287,7 +289,10 @@ _TRACE_READING = (
     ),
     _param(
         "jitter_seed",
-        Annotated[int, _option("--jitter-seed", "Seed for --dequantize.", TRACE_PANEL)],
+        Annotated[
+            int,
+            _option("--jitter-seed", "Seed for --dequantize.", TRACE_PANEL, min=0, max=MAX_SEED),
+        ],
         0,
     ),
 )

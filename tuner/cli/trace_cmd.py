@@ -8,7 +8,13 @@ from typing import Annotated
 
 import typer
 from prefill_tuner.cli.display import error_console, json_safe, output_console, render_stats
-from prefill_tuner.cli.options import TRACE_WITH_LENGTH, JsonOpt, TraceChoice, with_options
+from prefill_tuner.cli.options import (
+    MAX_SEED,
+    TRACE_WITH_LENGTH,
+    JsonOpt,
+    TraceChoice,
+    with_options,
+)
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import check_output
 from prefill_tuner.trace import Trace, load_trace
@@ -122,7 +128,7 @@ def synth_command(
             "(e.g. longdoc-16k@30*4).",
         ),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help="Random seed.")] = 0,
 ) -> None:
     """Write a seeded synthetic workload in the native format."""
     if arrivals not in ("poisson", "gamma", "uniform"):

@@ -63,8 +63,9 @@ class TrialEngine(Protocol):
     version: str
     """What every trial records as the engine's version (``vllm --version``)."""
 
-    def validate_fixed(self, fixed: dict[str, Any]) -> None:
-        """Raise :class:`TunerError` for a ``--set`` the engine cannot take."""
+    def validate_fixed(self, fixed: dict[str, Any]) -> dict[str, Any]:
+        """The ``--set`` values as the engine takes them (``0`` for a boolean: ``False``);
+        :class:`TunerError` for one it cannot take."""
         ...
 
     def default_settings(self) -> dict[str, Any]:

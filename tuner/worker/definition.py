@@ -138,8 +138,7 @@ def _space(record: StudyRecord, definition: dict[str, Any], engine: TrialEngine)
                 f"study {record.name!r} searches {knob_range.knob.name}, which this worker's "
                 f"engine cannot take: {reason}"
             )
-    fixed = dict(record.space.get("fixed", {}))
-    engine.validate_fixed(fixed)
+    fixed = engine.validate_fixed(dict(record.space.get("fixed", {})))
     dropped = tuple(
         Dropped(*text.split(": ", 1)) if ": " in text else Dropped(text, "")
         for text in record.space.get("dropped", [])

@@ -133,7 +133,7 @@ class VllmEngine:
         self.defaults = probed["resolved"]
         self.token_high = _vocab_size(model) or DEFAULT_TOKEN_HIGH
 
-    def validate_fixed(self, fixed: dict[str, Any]) -> None:
+    def validate_fixed(self, fixed: dict[str, Any]) -> dict[str, Any]:
         for name in fixed:
             flag = "--" + flag_name(name)
             if flag not in self.capabilities.accepted_flags:  # type: ignore[operator]
@@ -141,7 +141,7 @@ class VllmEngine:
                     f"--set {name}: vLLM {self.capabilities.version} has no {flag} flag"
                 )
         if not fixed:
-            return
+            return fixed
         # Ask vLLM's own parser and config classes once, before the first trial, with the
         # fixed settings over the defaults, repaired as every trial's settings are.
         settings = {**self.default_settings(), **fixed}
@@ -153,6 +153,7 @@ class VllmEngine:
         except VllmQueryError as exc:
             given = " ".join(f"{name}={value}" for name, value in fixed.items())
             raise TunerError(f"--set {given}: vLLM refuses it: {exc}") from None
+        return fixed
 
     def default_settings(self) -> dict[str, Any]:
         scheduler = self.defaults.get("scheduler_config", {})

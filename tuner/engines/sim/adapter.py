@@ -13,7 +13,14 @@ from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.space import EngineCapabilities, effective_settings
 from prefill_tuner.trace.model import Trace
-from pydantic import ValidationError
+from pydantic import ConfigDict, ValidationError, create_model
+
+_SIM_FIELDS = create_model(
+    "SimFields",
+    __config__=ConfigDict(extra="forbid"),
+    **{name: (field.annotation, field) for name, field in SimConfig.model_fields.items()},  # type: ignore[call-overload]
+)
+"""SimConfig's fields without its rules between them (those are checked once repaired)."""
 
 
 class SimEngine:
@@ -39,24 +46,25 @@ class SimEngine:
             )
         return {**self.profile.engine_defaults, **fixed}
 
-    def validate_fixed(self, fixed: dict[str, Any]) -> None:
+    def validate_fixed(self, fixed: dict[str, Any]) -> dict[str, Any]:
         """Check ``--set`` values with the model every trial's config is built with
         (:class:`SimConfig`, as ``tune simulate`` does): each value on its own, then together
-        once repaired as every trial is (:func:`effective_settings`)."""
-        values = self.base_settings(fixed)
-        for name, value in fixed.items():
-            try:
-                SimConfig.__pydantic_validator__.validate_assignment(
-                    SimConfig.model_construct(), name, value
-                )
-            except ValidationError as exc:
-                errors = [error for error in exc.errors() if error["loc"]]  # not the model's
-                if errors:
-                    message = str(errors[0]["msg"]).removeprefix("Value error, ")
-                    raise TunerError(f"--set {name}={value}: {message}") from None
-        checked = SimConfig.model_construct(**values).model_dump()
-        repaired, _ = effective_settings(checked, {}, int(checked["max_model_len"]))
+        once repaired as every trial is (:func:`effective_settings`). Returns them as the
+        model reads them (``enable_chunked_prefill=0``: ``False``)."""
+        self.base_settings(fixed)
+        try:
+            fields = _SIM_FIELDS.model_validate(fixed)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            name = str(first["loc"][0])
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise TunerError(f"--set {name}={fixed.get(name)}: {message}") from None
+        checked = {name: getattr(fields, name) for name in fixed}
+        values = SimConfig.model_construct(**{**self.profile.engine_defaults, **checked})
+        everything = values.model_dump(warnings=False)
+        repaired, _ = effective_settings(everything, {}, int(everything["max_model_len"]))
         resolve_config(self.profile, repaired)
+        return checked
 
     def default_settings(self) -> dict[str, Any]:
         defaults = SimConfig(**self.profile.engine_defaults).model_dump()

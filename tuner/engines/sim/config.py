@@ -13,6 +13,10 @@ from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfil
 from prefill_tuner.errors import TunerError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+MAX_GPU_BLOCKS = 2**24
+"""The simulator keeps a few words per KV block: 16.7M blocks (about 1 GB) is more than any
+GPU holds (an H200 holds about 1.1M tokens of Llama-3.1-8B's KV cache)."""
+
 
 class SimConfig(BaseModel):
     """Scheduler and KV-cache settings of one simulated engine (vLLM V1 semantics)."""
@@ -38,7 +42,7 @@ class SimConfig(BaseModel):
     """Share of KV blocks kept free when admitting while other requests run."""
     block_size: int = Field(default=16, ge=1)
     """Tokens per KV block (16 on GPU, 128 on CPU)."""
-    num_gpu_blocks: int = Field(default=32768, ge=2)
+    num_gpu_blocks: int = Field(default=32768, ge=2, le=MAX_GPU_BLOCKS)
     """KV blocks in the pool, including the one vLLM reserves (usable: ``num_gpu_blocks - 1``)."""
     enable_prefix_caching: bool = True
     """Reuse the KV blocks of identical full prompt blocks across requests."""
