@@ -207,3 +207,13 @@ def test_a_replay_is_cut_short_once_its_slo_is_certainly_missed(tune, workspace:
     assert trial.objectives["p99_ttft"] >= cut["lower_bounds"]["p99_ttft"] > 0.001
     assert trial.constraints["p99_ttft"] > 0 and trial.constraints["errors"] <= 0
     assert processes_using(workspace / "tiny-llama") == []
+
+
+def test_a_set_value_vllm_refuses_is_one_line_before_any_trial(tune, workspace: Path) -> None:
+    """``--set`` is checked by vLLM's own parser once, before the first trial (issue 11, 9)."""
+    code, out, err = vllm_run(tune, workspace, 2, "--set", "max_num_seqs=abc")
+    assert code == 2, err
+    assert err.splitlines()[-1].startswith("error: --set max_num_seqs=abc max_model_len=2048: ")
+    assert "vLLM refuses it" in err and "max-num-seqs" in err, err
+    assert "Traceback" not in out + err
+    assert not (workspace / "logs").exists(), "no server was started"
