@@ -327,3 +327,13 @@ def test_secrets_files_and_failures_of_real_trials(tune, workspace: Path) -> Non
         assert not [p for p in written if canary.encode() in p.read_bytes()]
         assert not [text for text in outputs if canary in text]
     assert processes_using(workspace / "tiny-llama") == []
+
+
+def test_a_set_value_vllm_refuses_is_one_line_before_any_trial(tune, workspace: Path) -> None:
+    """``--set`` is checked by vLLM's own parser once, before the first trial (issue 11, 9)."""
+    code, out, err = vllm_run(tune, workspace, 2, "--set", "max_num_seqs=abc")
+    assert code == 2, err
+    assert err.splitlines()[-1].startswith("error: --set max_num_seqs=abc max_model_len=2048: ")
+    assert "vLLM refuses it" in err and "max-num-seqs" in err, err
+    assert "Traceback" not in out + err
+    assert not (workspace / "logs").exists(), "no server was started"
