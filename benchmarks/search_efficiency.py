@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+
 from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.adapter import SimEngine

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from prefill_tuner.objectives.slo import Slo, format_seconds
 
 BOUNDED_METRICS = ("ttft", "tpot", "e2el")

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
 from prefill_tuner.objectives.percentiles import summarize
 
 SUMMARY_PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)

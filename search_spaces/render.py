@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
+
 from prefill_tuner.search_spaces.space import EngineCapabilities
 
 VLLM_NAMES = {"num_gpu_blocks": "num_gpu_blocks_override"}

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.knobs import KNOBS, Knob
 

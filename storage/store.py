@@ -12,13 +12,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prefill_tuner.errors import TunerError
-from prefill_tuner.redaction import redact
-from prefill_tuner.storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
 from sqlalchemy import create_engine, inspect, select, text, update
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
+
+from prefill_tuner.errors import TunerError
+from prefill_tuner.redaction import redact
+from prefill_tuner.storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
 
 
 def _json_safe(value: Any) -> Any:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
+
 from prefill_tuner.cli import main
 from prefill_tuner.trace.model import Request
 

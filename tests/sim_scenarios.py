@@ -5,6 +5,7 @@ watermark, chunked prefill off, and prefix-cache hits from shared prefix blocks.
 from __future__ import annotations
 
 import numpy as np
+
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.trace.model import Request, Trace
 

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from prefill_tuner.engines.real import engine as real_engine
 from prefill_tuner.engines.real.engine import VllmEngine, VllmQueryError
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.space import EngineCapabilities
 from prefill_tuner.storage.store import TunerStore
-
 from tests.conftest import AZURE
 
 TUNE = str(Path(sys.executable).parent / "tune")
@@ -410,8 +410,9 @@ def test_a_closed_stdout_is_one_line_and_exit_1(args) -> None:
 def test_a_full_database_is_one_line_and_exit_1(tune, tmp_path: Path, monkeypatch) -> None:
     import sqlite3
 
-    from prefill_tuner.storage import store
     from sqlalchemy.exc import OperationalError
+
+    from prefill_tuner.storage import store
 
     def full(*args: object, **kwargs: object) -> None:
         raise OperationalError("INSERT", {}, sqlite3.OperationalError("database or disk is full"))

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from prefill_tuner.trace import read_trace
 
+from prefill_tuner.trace import read_trace
 from tests.conftest import AZURE, BURSTGPT, MOONCAKE
 
 

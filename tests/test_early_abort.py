@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
 from prefill_tuner.objectives.early_abort import EarlyAbortRule, Snapshot
 from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
 from prefill_tuner.objectives.scoring import judge, statistic

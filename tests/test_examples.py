@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import prefill_tuner.cli
 import pytest
 import typer.main
 import yaml
-from prefill_tuner.objectives.slo import parse_slos
 
+import prefill_tuner.cli
+from prefill_tuner.objectives.slo import parse_slos
 from tests.conftest import ROOT
 
 NIGHTLY = ROOT / "examples" / "nightly"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from prefill_tuner.errors import TraceError
 from prefill_tuner.trace import read_trace
-
 from tests.conftest import AZURE, BURSTGPT, MOONCAKE
 
 SEEDS = {

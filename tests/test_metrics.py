@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
 from prefill_tuner.objectives.percentiles import percentile, summarize
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+
 from prefill_tuner.trace import read_trace
 from prefill_tuner.trace.model import Request
 from prefill_tuner.trace.native import native_lines, write_native
-
 from tests.conftest import AZURE, BURSTGPT, MOONCAKE, requests_strategy
 
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+
 from prefill_tuner.cli import display
 from prefill_tuner.engines.sim.cost_model import PROFILES_DIR
 from prefill_tuner.nightly.retune import EXIT_CODES, EXIT_KEPT, EXIT_PROMOTED, unavailable_settings

@@ -7,10 +7,10 @@ import io
 import shlex
 from pathlib import Path
 
-from prefill_tuner.report import render_summary, summarize_stored
-from prefill_tuner.storage.store import TunerStore
 from rich.console import Console
 
+from prefill_tuner.report import render_summary, summarize_stored
+from prefill_tuner.storage.store import TunerStore
 from tests.test_tuning_loop import run_args
 
 

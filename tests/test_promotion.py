@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from prefill_tuner.nightly.promotion import Measurement, decide
 
 

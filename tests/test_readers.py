@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from prefill_tuner.errors import TraceError
 from prefill_tuner.trace import detect_format, read_trace
 

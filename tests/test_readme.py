@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 from prefill_tuner import defaults
-
 from tests.conftest import ROOT
 
 

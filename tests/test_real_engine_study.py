@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from prefill_tuner.engines.real.cpu_recipe import write_tiny_model
 from prefill_tuner.engines.real.engine import VLLM_ARGS
 from prefill_tuner.storage.store import TunerStore
-
 from tests.conftest import vllm_python
 
 SERVER_ARGS = "--load-format dummy --skip-tokenizer-init --enforce-eager --dtype float32"

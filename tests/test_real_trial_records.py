@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pydantic
+
 from prefill_tuner.cli.display import trial_line
 from prefill_tuner.engines.real.engine import VLLM_ARGS, error_line, new_log_path
 from prefill_tuner.engines.real.launcher import classify_failure, failure_cause

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from prefill_tuner.recommend import recommend
 from prefill_tuner.report import summarize_stored
 from prefill_tuner.storage.models import TrialRecord
 from prefill_tuner.storage.store import TunerStore
-
 from tests.conftest import MOONCAKE
 
 LIMIT = 0.050  # p99_tpot=50ms

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
+
 from prefill_tuner.redaction import (
     REDACTED,
     is_secret_env,

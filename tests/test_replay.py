@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
 from prefill_tuner.engines.real.replay import ReplayOptions, ReplayState, replay
 from prefill_tuner.trace.model import Request, Trace
 

@@ -11,6 +11,7 @@ import optuna
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from prefill_tuner.engines.real.engine import VLLM_ARGS
 from prefill_tuner.engines.sim import SimConfig
 from prefill_tuner.errors import TunerError
@@ -24,7 +25,6 @@ from prefill_tuner.search_spaces.space import (
     parse_assignments,
     parse_value,
 )
-
 from tests.conftest import vllm_python
 
 SIM = EngineCapabilities(engine="sim", version="test")

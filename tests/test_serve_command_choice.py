@@ -9,7 +9,6 @@ from pathlib import Path
 
 from prefill_tuner.engines.real.engine import _vllm_cli, ask_vllm
 from prefill_tuner.engines.real.launcher import API_SERVER_MODULE, ServerSpec
-
 from tests.conftest import vllm_python
 
 

@@ -7,12 +7,12 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
+
 from prefill_tuner.errors import TraceError
 from prefill_tuner.trace import ShapeOptions, Trace, read_trace, shape
 from prefill_tuner.trace.model import Request
 from prefill_tuner.trace.shaping import clip, dequantize, detect_quantum, head, limit_length, window
-from pydantic import ValidationError
-
 from tests.conftest import MOONCAKE, requests_strategy
 
 

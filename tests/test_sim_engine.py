@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from prefill_tuner.engines.sim import ConstantProfile, SimConfig, StepRecord, load_profile, simulate
 from prefill_tuner.engines.sim.cost_model import StepShape
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace import ShapeOptions, load_trace
 from prefill_tuner.trace.model import Request, Trace
-
 from tests.conftest import AZURE, MOONCAKE
 from tests.sim_scenarios import random_scenario
 

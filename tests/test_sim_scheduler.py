@@ -7,9 +7,9 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from prefill_tuner.engines.sim import ConstantProfile, SimConfig, StepRecord, simulate
 from prefill_tuner.trace.model import Request, Trace
-
 from tests.sim_scenarios import random_scenario
 
 ONE_SECOND = ConstantProfile(step_ms=1000.0)

@@ -9,9 +9,9 @@ only outside CI; in CI a missing vLLM is a failure.
 from __future__ import annotations
 
 import pytest
+
 from prefill_tuner.engines.sim import ConstantProfile, simulate
 from prefill_tuner.trace.model import Request, Trace
-
 from tests.conftest import vllm_python
 from tests.sim_crosscheck import (
     first_mismatch,

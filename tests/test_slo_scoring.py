@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
 from prefill_tuner.objectives.scoring import ERRORS, judge, latency_objectives

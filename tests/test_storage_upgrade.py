@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, inspect, text
+
 from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TunerStore
-from sqlalchemy import create_engine, inspect, text
 
 # tuner_studies as the previous release created it (before target_trials and definition).
 OLD_STUDIES = """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.stats import trace_stats

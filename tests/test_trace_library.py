@@ -9,9 +9,9 @@ import hashlib
 from pathlib import Path
 
 import pytest
+
 from prefill_tuner.trace import read_trace
 from prefill_tuner.trace.stats import trace_stats
-
 from tests.conftest import AZURE, BURSTGPT, MOONCAKE
 
 SHA256 = {

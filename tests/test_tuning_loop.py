@@ -9,9 +9,9 @@ from pathlib import Path
 
 import optuna
 import yaml
+
 from prefill_tuner.engines.sim import SimConfig
 from prefill_tuner.storage.store import TunerStore
-
 from tests.conftest import AZURE
 
 SMALL = ["--trace", str(AZURE), "--max-requests", "150"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from prefill_tuner.engines.real.cpu_recipe import CPU_SERVER_ARGS, CPU_SERVER_ENV, write_tiny_model
 from prefill_tuner.engines.real.launcher import (
     ServerSpec,
@@ -22,7 +23,6 @@ from prefill_tuner.engines.real.launcher import (
     group_members,
 )
 from prefill_tuner.redaction import redact_env
-
 from tests.conftest import vllm_python
 
 CPU_ARGS = [

@@ -14,9 +14,9 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
-from prefill_tuner.storage.store import TunerStore
 from sqlalchemy import create_engine, text
 
+from prefill_tuner.storage.store import TunerStore
 from tests.worker_support import STUDY, create_study, tiny_trace
 
 HANGING_WORKER = Path(__file__).with_name("hanging_worker.py")

@@ -11,6 +11,8 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from sqlalchemy import create_engine, text
+
 from prefill_tuner import defaults
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.adapter import SimEngine
@@ -19,8 +21,6 @@ from prefill_tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
 from prefill_tuner.worker.definition import plan_from_record
 from prefill_tuner.worker.loop import run_worker
 from prefill_tuner.worker.shared import SharedStudy, open_shared_study, trial_id
-from sqlalchemy import create_engine, text
-
 from tests.worker_support import STUDY, create_study, tiny_trace
 
 VALUES = [0.5, 0.02]  # p99_ttft, p99_tpot

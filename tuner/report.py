@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.scoring import ERRORS
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
@@ -21,10 +26,6 @@ from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.search_spaces.space import BASELINE_OUTSIDE
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
-from rich import box
-from rich.console import Group
-from rich.table import Table
-from rich.text import Text
 
 
 @dataclass(frozen=True)

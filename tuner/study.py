@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import optuna
+
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.evaluation import capacity_search, objective_value, verdict_of

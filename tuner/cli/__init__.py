@@ -9,6 +9,8 @@ from typing import NoReturn
 
 import optuna
 import typer
+from sqlalchemy.exc import SQLAlchemyError
+
 from prefill_tuner import __version__, exit_codes
 from prefill_tuner.cli.nightly_cmd import nightly_command
 from prefill_tuner.cli.results_cmd import export_command, pareto_command
@@ -20,7 +22,6 @@ from prefill_tuner.errors import TunerError
 from prefill_tuner.files import WRITE_FAILURES
 from prefill_tuner.redaction import redact_text
 from prefill_tuner.storage.store import mask_password, storage_error
-from sqlalchemy.exc import SQLAlchemyError
 
 app = typer.Typer(
     name="tune",

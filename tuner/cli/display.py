@@ -12,6 +12,11 @@ from types import FrameType
 from typing import Any
 
 import optuna
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
 from prefill_tuner.engines.sim import SimResult
 from prefill_tuner.objectives.scoring import Objective
 from prefill_tuner.objectives.slo import format_seconds
@@ -22,10 +27,6 @@ from prefill_tuner.trace import Trace
 from prefill_tuner.trace.stats import TraceStats
 from prefill_tuner.worker.claim import Claimed, Wait
 from prefill_tuner.worker.loop import WorkerEvents
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 
 def output_console() -> Console:

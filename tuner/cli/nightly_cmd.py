@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.markup import escape
+
 from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import (
     ProgressDisplay,
@@ -32,8 +35,6 @@ from prefill_tuner.nightly.retune import NightlyPlan, retune
 from prefill_tuner.plan import SpaceSpec, build_plan, check_study_name
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study import baseline_outside
-from rich.console import Console
-from rich.markup import escape
 
 
 @with_options(engine=ENGINE, trace=TRACE, space=SPACE)

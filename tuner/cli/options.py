@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+
 from prefill_tuner import defaults
 from prefill_tuner.engines.factory import EngineOptions
 from prefill_tuner.engines.sim.config import SimConfig
@@ -24,8 +27,6 @@ from prefill_tuner.errors import TunerError
 from prefill_tuner.plan import SpaceSpec, TraceSpec
 from prefill_tuner.storage.store import check_storage_url
 from prefill_tuner.trace import ShapeOptions
-from pydantic import ValidationError
-from pydantic.fields import FieldInfo
 
 ENGINE_PANEL = "Engine"
 TRACE_PANEL = "Trace shaping"

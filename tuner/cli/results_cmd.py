@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import error_console, output_console, quiet_optuna
 from prefill_tuner.cli.options import StorageOpt, StudyOpt

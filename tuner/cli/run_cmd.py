@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
+
 from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import (
     ProgressDisplay,
@@ -37,7 +39,6 @@ from prefill_tuner.report import render_summary, summarize_stored
 from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.study import baseline_outside, open_study, run_study
 from prefill_tuner.worker.definition import definition_of
-from rich.markup import escape
 
 
 @with_options(engine=ENGINE, trace=TRACE, space=SPACE)

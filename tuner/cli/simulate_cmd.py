@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from prefill_tuner import defaults
 from prefill_tuner.cli.display import json_safe, output_console, render_sim_result
 from prefill_tuner.cli.options import (

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from prefill_tuner.cli.display import error_console, json_safe, output_console, render_stats
 from prefill_tuner.cli.options import (
     MAX_SEED,

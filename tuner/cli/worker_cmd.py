@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import (
     WorkerDisplay,

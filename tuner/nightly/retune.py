@@ -20,6 +20,7 @@ from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
+
 from prefill_tuner import exit_codes
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.evaluation import verdict_of

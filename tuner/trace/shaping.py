@@ -12,9 +12,10 @@ from dataclasses import replace
 from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from prefill_tuner.errors import TraceError
 from prefill_tuner.trace.model import Adjustment, Request, Trace
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ShapeOptions(BaseModel):

@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
 from prefill_tuner.objectives.percentiles import summarize
 from prefill_tuner.trace.model import Trace
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace.model import Request, Trace, TraceSource
 from prefill_tuner.trace.readers import MAX_TIMESTAMP, MAX_TOKENS

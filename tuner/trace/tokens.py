@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+
 from prefill_tuner.trace.model import Request
 
 

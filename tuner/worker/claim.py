@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
+
 from prefill_tuner.study import enqueue_baseline, make_sampler
 from prefill_tuner.worker.shared import SharedStudy, quiet_optuna_warnings, trial_id
 

@@ -15,6 +15,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.slo import parse_slos
@@ -22,7 +24,6 @@ from prefill_tuner.plan import StudyPlan
 from prefill_tuner.search_spaces.space import Dropped, KnobRange, SearchSpace, knob_availability
 from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.trace import ShapeOptions, load_trace
-from pydantic import ValidationError
 
 DEFINITION_VERSION = 1
 

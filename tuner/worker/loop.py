@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import optuna
 from optuna.trial import TrialState
+
 from prefill_tuner.study import StudyProgress, TrialObjective, TrialResult
 from prefill_tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
 from prefill_tuner.worker.heartbeat import Heartbeat

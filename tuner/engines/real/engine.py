@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+
 from prefill_tuner import defaults
 from prefill_tuner.engines.base import CutShort, EngineRun
 from prefill_tuner.engines.real.guard import ReplayGuard

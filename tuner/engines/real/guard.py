@@ -13,6 +13,7 @@ import contextlib
 
 import httpx
 import numpy as np
+
 from prefill_tuner import defaults
 from prefill_tuner.engines.real.launcher import VllmServer, classify_failure, failure_cause
 from prefill_tuner.engines.real.replay import ReplayState

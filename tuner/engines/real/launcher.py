@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
+
 from prefill_tuner.errors import TunerError
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import httpx
 import numpy as np
+
 from prefill_tuner.objectives.early_abort import Snapshot
 from prefill_tuner.objectives.metrics import RequestRecord
 from prefill_tuner.trace.model import Request, Trace

@@ -17,8 +17,9 @@ from typing import Any
 
 import httpx
 import numpy as np
-from prefill_tuner.engines.vllm_args import CONFIG_SECTIONS, is_secret
 from prometheus_client.parser import text_string_to_metric_families
+
+from prefill_tuner.engines.vllm_args import CONFIG_SECTIONS, is_secret
 
 ITERATION_RE = re.compile(
     r"Iteration\((?P<step>\d+)\): (?P<ctx_reqs>\d+) context requests, (?P<ctx_tokens>\d+) "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ConfigDict, ValidationError, create_model
+
 from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.sim.config import SimConfig, resolve_config
 from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile
@@ -13,7 +15,6 @@ from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.space import EngineCapabilities, effective_settings
 from prefill_tuner.trace.model import Trace
-from pydantic import ConfigDict, ValidationError, create_model
 
 _SIM_FIELDS = create_model(
     "SimFields",

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile
 from prefill_tuner.errors import TunerError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MAX_GPU_BLOCKS = 2**24
 """The simulator keeps a few words per KV block: 16.7M blocks (about 1 GB) is more than any

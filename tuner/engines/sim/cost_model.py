@@ -26,8 +26,9 @@ from typing import Annotated, Literal
 
 import numpy as np
 import yaml
-from prefill_tuner.errors import TunerError
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from prefill_tuner.errors import TunerError
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
