@@ -256,13 +256,17 @@ def test_outputs_get_the_umask_mode_or_keep_the_targets(tune, tmp_path: Path) ->
 def test_nightly_report_files_respect_the_umask(tmp_path: Path) -> None:
     from prefill_tuner.files import atomic_text
 
-    old = os.umask(0o002)
+    old = os.umask(0o077)
     try:
         with atomic_text(tmp_path / "serve.yaml") as stream:
             stream.write("x: 1\n")
+        with atomic_text(tmp_path / "serve.sh", executable=True) as stream:
+            stream.write("#!/bin/sh\n")
     finally:
         os.umask(old)
-    assert stat.S_IMODE((tmp_path / "serve.yaml").stat().st_mode) == 0o664
+    assert stat.S_IMODE((tmp_path / "serve.yaml").stat().st_mode) == 0o600
+    # The script is executable for its owner, and for nobody the umask excludes.
+    assert stat.S_IMODE((tmp_path / "serve.sh").stat().st_mode) == 0o700
 
 
 @pytest.mark.parametrize(

@@ -55,17 +55,20 @@ def check_output(path: str | Path, inputs: Sequence[str | Path] = ()) -> Path:
 
 
 @contextmanager
-def atomic_text(path: str | Path, inputs: Sequence[str | Path] = ()) -> Iterator[IO[str]]:
+def atomic_text(
+    path: str | Path, inputs: Sequence[str | Path] = (), *, executable: bool = False
+) -> Iterator[IO[str]]:
     """A text stream whose content replaces ``path`` only when the block ends without error
     (written to a temporary file beside it, then renamed). The file gets the mode an
-    existing target had, else the umask's (as ``open`` would give). See :func:`check_output`
+    existing target had, else the umask's (as ``open`` would give; a script, ``executable``, as
+    ``chmod +x`` would). See :func:`check_output`
     for what is refused; a full disk is an :class:`OutputError` and leaves nothing behind."""
     target = check_output(path, inputs)
     directory = target.parent if str(target.parent) else Path(".")
     try:
         mode = stat.S_IMODE(target.stat().st_mode)
     except FileNotFoundError:
-        mode = 0o666 & ~_umask()
+        mode = (0o777 if executable else 0o666) & ~_umask()
     try:
         handle, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
     except OSError as exc:

@@ -46,10 +46,9 @@ def write_outputs(
         stream.write(render(nightly, night, previous, summary))
     if night.deployed is not None and night.serve_command:
         model = nightly.plan.model
-        with atomic_text(folder / "serve.sh") as stream:
+        with atomic_text(folder / "serve.sh", executable=True) as stream:
             stream.write(f"#!/bin/sh\n# {night.study_name}: {night.decision}, {date}\n")
             stream.write(f'exec {night.serve_command} "$@"\n')
-        (folder / "serve.sh").chmod(0o755)
         with atomic_text(folder / "serve.yaml") as stream:
             stream.write(f"# vllm serve {shlex.quote(model)} --config serve.yaml\n")
             stream.write(command_yaml(night.serve_command, with_model=False))
