@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim import SimResult
 from prefill_tuner.objectives.scoring import Objective
 from prefill_tuner.objectives.slo import format_seconds
@@ -92,15 +93,21 @@ def print_study_header(
     console: Console,
     plan: StudyPlan,
     trace_name: str,
-    version: str,
+    engine: TrialEngine,
     baseline_outside: dict[str, Any] | None = None,
 ) -> None:
-    """What is about to be tuned: the study, the trace, the engine, the space (and the
-    engine defaults it leaves out, which the baseline runs all the same)."""
+    """What is about to be tuned: the study, the trace, the engine (and how far its numbers
+    go), the space (and the engine defaults it leaves out, which the baseline runs all the
+    same)."""
     console.print(
-        escape(f"study {plan.name} on {trace_name} ({len(plan.trace):,} requests) with {version}"),
+        escape(
+            f"study {plan.name} on {trace_name} ({len(plan.trace):,} requests) with "
+            f"{engine.version}"
+        ),
         soft_wrap=True,
     )
+    for line in engine.about:
+        console.print(escape(f"  {line}"), soft_wrap=True)
     for line in plan.space.describe():
         console.print(escape(f"  search {line}"), soft_wrap=True)
     for dropped in plan.space.dropped:
@@ -241,7 +248,7 @@ def summary_table(
     return table
 
 
-def render_sim_result(trace: Trace, result: SimResult) -> Table:
+def render_sim_result(trace: Trace, result: SimResult, profile_note: str = "") -> Table:
     """The metric summary as a table."""
     metrics = result.metrics
     table = Table(box=None, show_header=False, pad_edge=False)
@@ -249,6 +256,8 @@ def render_sim_result(trace: Trace, result: SimResult) -> Table:
     table.add_column()
     config = result.config
     table.add_row("engine", f"{result.engine_version}; profile {result.profile}")
+    if profile_note:
+        table.add_row("profile", profile_note)
     table.add_row(
         "config",
         f"max_num_batched_tokens={config.max_num_batched_tokens} "

@@ -121,7 +121,7 @@ def nightly_command(
     err = error_console()
     store = TunerStore(storage)  # a damaged storage fails before the first trial
     print_study_header(
-        err, plan, str(trace_file), trial_engine.version, baseline_outside(plan, trial_engine)
+        err, plan, str(trace_file), trial_engine, baseline_outside(plan, trial_engine)
     )
     quiet_optuna()
 

@@ -137,7 +137,7 @@ def run_command(
         err,
         plan,
         "the bundled sample" if bundled else str(trace_file),
-        trial_engine.version,
+        trial_engine,
         baseline_outside(plan, trial_engine),
     )
     if create_only:

@@ -74,6 +74,18 @@ def simulate_command(
                 ),
             )
     if as_json:
-        typer.echo(json.dumps(json_safe(result.summary(requests)), indent=2))
+        typer.echo(
+            json.dumps(
+                json_safe(
+                    {
+                        **result.summary(requests),
+                        "provenance": engine_profile.provenance.model_dump(),
+                    }
+                ),
+                indent=2,
+            )
+        )
     else:
-        output_console().print(render_sim_result(requests, result))
+        output_console().print(
+            render_sim_result(requests, result, engine_profile.provenance.summary())
+        )

@@ -62,6 +62,9 @@ class TrialEngine(Protocol):
     """The user's own server arguments, secrets redacted: serve lines include them."""
     version: str
     """What every trial records as the engine's version (``vllm --version``)."""
+    about: tuple[str, ...]
+    """Lines a study's header prints: what the engine's numbers can be trusted for (the
+    simulator's profile, estimated or calibrated)."""
 
     def validate_fixed(self, fixed: dict[str, Any]) -> dict[str, Any]:
         """The ``--set`` values as the engine takes them (``0`` for a boolean: ``False``);

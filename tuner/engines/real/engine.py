@@ -86,6 +86,7 @@ class VllmEngine:
 
     name = "vllm"
     deterministic = False
+    about: tuple[str, ...] = ()
 
     def __init__(
         self,

@@ -36,6 +36,7 @@ class SimEngine:
         self.profile = profile
         self.version = f"{SIMULATOR_VERSION}; profile {profile.name}"
         self.capabilities = EngineCapabilities(engine="sim", version=self.version)
+        self.about = (f"profile {profile.name}: {profile.provenance.summary()}",)
 
     def base_settings(self, fixed: dict[str, Any]) -> dict[str, Any]:
         """The profile's hardware defaults under the user's fixed settings, checked."""

@@ -52,6 +52,47 @@ class StepShape(BaseModel):
     """Query-key pairs the prefill chunks' causal attention computes."""
 
 
+class Provenance(BaseModel):
+    """How a profile was made: what its latencies can be trusted for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["estimated", "calibrated"] = "estimated"
+    """``estimated``: from datasheet figures and first principles, never compared with an
+    engine (use it to compare settings, not for absolute latencies); ``calibrated``: fitted to
+    measurements of a real engine."""
+    method: str = ""
+    """How it was estimated or what it was fitted to (a vLLM per-step log, forward-step
+    timings)."""
+    vllm_version: str | None = None
+    """The engine measured (calibrated profiles)."""
+    model: str | None = None
+    hardware: str | None = None
+    """The GPU or CPU as the server or the machine reported it."""
+    date: str | None = None
+    held_out_error: dict[str, float] | None = None
+    """Relative error of the step time on steps the fit did not see (``median``, ``p90``)."""
+    workload: str | None = None
+    """What the calibration replayed."""
+
+    def summary(self) -> str:
+        """One line: what the profile is and how far to trust it."""
+        if self.kind == "estimated":
+            how = f" ({self.method})" if self.method else ""
+            return f"estimated{how}: absolute latencies are not measured; compare settings with it"
+        parts = [
+            f"vLLM {self.vllm_version}" if self.vllm_version else "",
+            self.model or "",
+            f"on {self.hardware}" if self.hardware else "",
+            self.date or "",
+        ]
+        error = self.held_out_error or {}
+        if "median" in error:
+            parts.append(f"held-out step-time error {error['median']:.0%} (median)")
+        text = ", ".join(part for part in parts if part)
+        return f"calibrated ({self.method or 'fitted to measurements'}): {text}".rstrip(": ")
+
+
 class ConstantProfile(BaseModel):
     """Every step takes the same time."""
 
@@ -64,6 +105,7 @@ class ConstantProfile(BaseModel):
     """Duration of every step, in milliseconds."""
     engine_defaults: dict[str, int | float | bool] = Field(default_factory=dict)
     """Engine settings this hardware implies (e.g. ``num_gpu_blocks``, ``block_size``)."""
+    provenance: Provenance = Field(default_factory=Provenance)
 
     def step_seconds(self, shape: StepShape) -> float:
         return self.step_ms / 1000.0
@@ -100,6 +142,7 @@ class RooflineProfile(BaseModel):
     engine_defaults: dict[str, int | float | bool] = Field(default_factory=dict)
     """Engine settings this model on this hardware implies: ``num_gpu_blocks``,
     ``block_size``, ``max_model_len``, and the ``vllm serve`` defaults for the GPU class."""
+    provenance: Provenance = Field(default_factory=Provenance)
 
     def step_seconds(self, shape: StepShape) -> float:
         tokens = shape.prefill_tokens + shape.decode_tokens
