@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -111,7 +112,10 @@ def worker_command(
         if not display.interrupted:
             display.say("interrupted between trials")
         raise typer.Exit(exit_codes.INTERRUPTED) from None
+    pareto = ["tune", "pareto", "--study", plan.name]
+    if redact_url(storage) == storage and storage != defaults.STORAGE:  # no password to show
+        pareto += ["--storage", storage]
     display.say(
         f"study {plan.name} has its {summary.complete} trials ({summary.ran} run here); "
-        f"tune pareto --study {plan.name} shows the results"
+        f"{shlex.join(pareto)} shows the results"
     )
