@@ -39,6 +39,7 @@ def test_iteration_lines_become_step_records(tmp_path: Path) -> None:
     assert steps == [
         {
             "step": 0,
+            "logged_at_s": None,
             "duration_s": 0.01824,
             "prefill_tokens": 8,
             "decode_tokens": 0,
@@ -48,6 +49,7 @@ def test_iteration_lines_become_step_records(tmp_path: Path) -> None:
         },
         {
             "step": 1,
+            "logged_at_s": None,
             "duration_s": 0.00811,
             "prefill_tokens": 0,
             "decode_tokens": 1,

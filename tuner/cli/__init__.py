@@ -12,6 +12,7 @@ import typer
 from sqlalchemy.exc import SQLAlchemyError
 
 from prefill_tuner import __version__, exit_codes
+from prefill_tuner.cli.calibrate_cmd import calibrate_command
 from prefill_tuner.cli.nightly_cmd import nightly_command
 from prefill_tuner.cli.results_cmd import export_command, pareto_command
 from prefill_tuner.cli.run_cmd import run_command
@@ -40,6 +41,7 @@ app.command("export")(export_command)
 app.command("worker")(worker_command)
 app.command("nightly")(nightly_command)
 app.command("simulate")(simulate_command)
+app.command("calibrate")(calibrate_command)
 
 
 def _print_version(value: bool) -> None:

@@ -219,6 +219,17 @@ ENGINE = OptionGroup(
 )
 """``--engine`` and the options of the engine it names."""
 
+
+def _real_server_options(**values: Any) -> EngineOptions:
+    return _engine_options(engine="vllm", profile=defaults.PROFILE, **values)
+
+
+REAL_SERVER = OptionGroup(
+    params=tuple(param for param in ENGINE.params if param.name not in ("engine", "profile")),
+    build=_real_server_options,
+)
+"""The real engine's options alone (``tune calibrate`` starts a server, never a simulator)."""
+
 _TRACE_READING = (
     _param(
         "format",

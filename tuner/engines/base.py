@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
-from prefill_tuner.objectives.metrics import RunMetrics
+from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics
 from prefill_tuner.search_spaces.space import EngineCapabilities
 from prefill_tuner.trace.model import Trace
 
@@ -51,6 +51,8 @@ class EngineRun:
     """The server's log of this run (a real engine; kept when the server failed to start)."""
     startup_s: float | None = None
     """Seconds the server took to become healthy (a real engine)."""
+    records: list[RequestRecord] | None = field(default=None, repr=False)
+    """Every request's send and token times (a real engine; for calibration, never stored)."""
 
 
 class TrialEngine(Protocol):

@@ -30,6 +30,7 @@ from prefill_tuner.engines.real.replay import ReplayOptions, ReplayResult, Repla
 from prefill_tuner.engines.real.signals import (
     MetricsWatch,
     config_mismatches,
+    logging_config_env,
     parse_iteration_log,
     server_config,
     step_summary,
@@ -48,10 +49,11 @@ from prefill_tuner.trace.model import Trace
 VLLM_ARGS = Path(__file__).resolve().parent.parent / "vllm_args.py"
 ITERATION_FLAG = "--enable-logging-iteration-details"
 SERVER_ENV = {"VLLM_LOGGING_LEVEL": "INFO", "VLLM_SERVER_DEV_MODE": "1"}
-"""The per-step trace is logged at INFO: a quieter inherited level would lose it. Development
-mode serves ``/server_info``, the config the running server really uses (it also enables
-other development endpoints, on 127.0.0.1 and for the trial's lifetime only). A
-``--server-env NAME=VALUE`` wins over both."""
+"""The per-step trace is logged at INFO: a quieter inherited level would lose it (a logging
+config, ``signals.LOGGING_CONFIG``, also times each line to the millisecond). Development mode
+serves ``/server_info``, the config the running server really uses (it also enables other
+development endpoints, on 127.0.0.1 and for the trial's lifetime only). A
+``--server-env NAME=VALUE`` wins over all of these."""
 SERVER_INFO_TIMEOUT_S = 60.0
 """The first ``/server_info`` collects the environment (seconds on a CPU machine)."""
 DEFAULT_TOKEN_HIGH = 32000
@@ -213,7 +215,7 @@ class VllmEngine:
             args=args,
             python=self.python,
             serve_command=self.serve_command,
-            env={**SERVER_ENV, **self.env},
+            env={**SERVER_ENV, **logging_config_env(self.log_dir), **self.env},
             log_path=log_path,
             startup_timeout_s=self.startup_timeout_s,
         )
@@ -279,6 +281,7 @@ class VllmEngine:
             cut_short=cut_short,
             log_path=str(spec.log_path),
             startup_s=startup_s,
+            records=result.records,
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +21,39 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefill_tuner.engines.vllm_args import CONFIG_SECTIONS, is_secret
+from prefill_tuner.files import atomic_text
 
 ITERATION_RE = re.compile(
+    r"^(?:(?P<at>\d{9,11}\.\d+) )?[^\n]*?"
     r"Iteration\((?P<step>\d+)\): (?P<ctx_reqs>\d+) context requests, (?P<ctx_tokens>\d+) "
     r"context tokens, (?P<gen_reqs>\d+) generation requests, (?P<gen_tokens>\d+) generation "
     r"tokens, iteration elapsed time: (?P<ms>[0-9.]+) ms(?:, \w+ KV cache usage: "
-    r"(?P<kv>[0-9.]+)%)?"
+    r"(?P<kv>[0-9.]+)%)?",
+    re.MULTILINE,
 )
+LOGGING_CONFIG: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "timed": {
+            "format": "%(created).6f %(levelname)s %(asctime)s %(process)d "
+            "[%(filename)s:%(lineno)d] %(message)s",
+            "datefmt": "%m-%d %H:%M:%S",
+        }
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "timed",
+            "stream": "ext://sys.stdout",
+        }
+    },
+    "loggers": {"vllm": {"handlers": ["console"], "level": "INFO", "propagate": False}},
+}
+"""vLLM's log as it prints it by default, after the Unix time to the microsecond: the front
+end logs every step's line as that step's output arrives, so consecutive lines time the
+engine's full step cycle (vLLM's own "elapsed time" leaves out scheduling and output
+processing). Given to the server as ``VLLM_LOGGING_CONFIG_PATH``."""
 GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
 COUNTERS = ("num_preemptions", "prefix_cache_queries", "prefix_cache_hits")
 
@@ -39,9 +66,11 @@ def parse_iteration_log(path: Path) -> list[dict[str, Any]]:
     except OSError:
         return []
     for match in ITERATION_RE.finditer(text):
+        logged_at = float(match["at"]) if match["at"] else None
         steps.append(
             {
                 "step": int(match["step"]),
+                "logged_at_s": logged_at,
                 "duration_s": float(match["ms"]) / 1000.0,
                 "prefill_tokens": int(match["ctx_tokens"]),
                 "decode_tokens": int(match["gen_tokens"]),
@@ -51,6 +80,16 @@ def parse_iteration_log(path: Path) -> list[dict[str, Any]]:
             }
         )
     return steps
+
+
+def logging_config_env(folder: Path) -> dict[str, str]:
+    """The server environment that makes its log time every step (:data:`LOGGING_CONFIG`),
+    written to ``folder/vllm-logging.json``."""
+    path = folder / "vllm-logging.json"
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_text(path) as stream:
+        stream.write(json.dumps(LOGGING_CONFIG, indent=1) + "\n")
+    return {"VLLM_LOGGING_CONFIG_PATH": str(path.resolve())}
 
 
 def step_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:

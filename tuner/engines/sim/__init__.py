@@ -6,14 +6,22 @@ vLLM's own ``Scheduler`` to check); its step durations come from a profile
 """
 
 from prefill_tuner.engines.sim.config import SimConfig
-from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile, load_profile
+from prefill_tuner.engines.sim.cost_model import (
+    ConstantProfile,
+    FittedProfile,
+    RooflineProfile,
+    StepModel,
+    load_profile,
+)
 from prefill_tuner.engines.sim.engine import SimResult, StepRecord, simulate
 
 __all__ = [
     "ConstantProfile",
+    "FittedProfile",
     "RooflineProfile",
     "SimConfig",
     "SimResult",
+    "StepModel",
     "StepRecord",
     "load_profile",
     "simulate",

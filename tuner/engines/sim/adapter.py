@@ -8,7 +8,7 @@ from pydantic import ConfigDict, ValidationError, create_model
 
 from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.sim.config import SimConfig, resolve_config
-from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile
+from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.engine import SIMULATOR_VERSION, simulate
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
@@ -32,7 +32,7 @@ class SimEngine:
     deterministic = True
     """The same trace and settings always give the same run."""
 
-    def __init__(self, profile: ConstantProfile | RooflineProfile) -> None:
+    def __init__(self, profile: StepModel) -> None:
         self.profile = profile
         self.version = f"{SIMULATOR_VERSION}; profile {profile.name}"
         self.capabilities = EngineCapabilities(engine="sim", version=self.version)

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile
+from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.errors import TunerError
 
 MAX_GPU_BLOCKS = 2**24
@@ -75,7 +75,7 @@ class SimConfig(BaseModel):
 
 
 def resolve_config(
-    profile: ConstantProfile | RooflineProfile,
+    profile: StepModel,
     settings: dict[str, Any],
     kv_cache_memory_bytes: int | None = None,
 ) -> SimConfig:
@@ -87,13 +87,14 @@ def resolve_config(
     if kv_cache_memory_bytes is not None:
         if settings.get("num_gpu_blocks") is not None:
             raise TunerError("give --num-gpu-blocks or --kv-cache-memory-bytes, not both")
-        if not isinstance(profile, RooflineProfile):
+        per_token = getattr(profile, "kv_bytes_per_token", None)
+        if not per_token:
             raise TunerError(
-                "--kv-cache-memory-bytes needs a profile with kv_bytes_per_token "
-                "(a roofline profile); give --num-gpu-blocks instead"
+                f"--kv-cache-memory-bytes needs a profile with kv_bytes_per_token (profile "
+                f"{profile.name!r} has none); give --num-gpu-blocks instead"
             )
         size = int(values.get("block_size", SimConfig.model_fields["block_size"].default))
-        values["num_gpu_blocks"] = int(kv_cache_memory_bytes // (size * profile.kv_bytes_per_token))
+        values["num_gpu_blocks"] = int(kv_cache_memory_bytes // (size * per_token))
     try:
         return SimConfig(**values)
     except ValidationError as exc:

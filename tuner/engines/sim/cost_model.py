@@ -4,6 +4,20 @@ Two kinds of profile, both plain YAML or JSON files a user can supply:
 
 ``constant``
     Every step takes ``step_ms`` (for tests and for reasoning about scheduling alone).
+``fitted``
+    A linear model fitted to a real engine's steps by ``tune calibrate``
+    (:mod:`prefill_tuner.calibration`): non-negative milliseconds per unit of what the step
+    computes, plus the host time vLLM's own step timer does not see (scheduling, output
+    processing, the messages to the front end)::
+
+        step = base + prefill_token × prefill tokens + prefill_pair × query·key pairs
+               + prefill_context × KV tokens prefill reads + decode × decode tokens
+               + decode_squared × decode tokens² + decode_context × KV tokens decodes read
+               + request × requests + host + host_request × requests
+
+    A request reaches the scheduler ``request_latency`` after its send, and no sooner than
+    ``request_interval`` after the one before it (the front end handles requests one at a
+    time: a burst reaches the engine spread out).
 ``roofline``
     A step is bound either by memory traffic (weights read once per step, plus the KV cache
     that attention reads) or by arithmetic (2 × parameters FLOPs per token, plus attention),
@@ -22,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 import yaml
@@ -107,6 +121,9 @@ class ConstantProfile(BaseModel):
     """Engine settings this hardware implies (e.g. ``num_gpu_blocks``, ``block_size``)."""
     provenance: Provenance = Field(default_factory=Provenance)
 
+    request_latency_s: ClassVar[float] = 0.0
+    request_interval_s: ClassVar[float] = 0.0
+
     def step_seconds(self, shape: StepShape) -> float:
         return self.step_ms / 1000.0
 
@@ -144,6 +161,10 @@ class RooflineProfile(BaseModel):
     ``block_size``, ``max_model_len``, and the ``vllm serve`` defaults for the GPU class."""
     provenance: Provenance = Field(default_factory=Provenance)
 
+    request_latency_s: ClassVar[float] = 0.0
+    """The roofline counts the engine's steps only, nothing before them."""
+    request_interval_s: ClassVar[float] = 0.0
+
     def step_seconds(self, shape: StepShape) -> float:
         tokens = shape.prefill_tokens + shape.decode_tokens
         kv_read = shape.decode_context_tokens + shape.prefill_context_tokens
@@ -178,7 +199,127 @@ class RooflineProfile(BaseModel):
         )
 
 
-Profile = Annotated[ConstantProfile | RooflineProfile, Field(discriminator="kind")]
+FEATURES: tuple[str, ...] = (
+    "base",
+    "prefill_token",
+    "prefill_pair",
+    "prefill_context",
+    "decode",
+    "decode_squared",
+    "decode_context",
+    "request",
+)
+"""What a fitted profile's step time is linear in, in the order :func:`step_features` gives."""
+
+
+def step_features(shape: StepShape) -> tuple[int, ...]:
+    """The units a fitted profile charges for ``shape``, in :data:`FEATURES` order."""
+    return (
+        1,
+        shape.prefill_tokens,
+        shape.prefill_attention_pairs,
+        shape.prefill_context_tokens,
+        shape.decode_tokens,
+        shape.decode_tokens**2,
+        shape.decode_context_tokens,
+        shape.requests,
+    )
+
+
+class FittedProfile(BaseModel):
+    """Step time linear in what the step computes, fitted to a real engine (module docs)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    kind: Literal["fitted"] = "fitted"
+    name: str
+    description: str = ""
+    base_ms: float = Field(ge=0)
+    """Model time of any step (kernel launches, sampling, the weights' pass at batch one)."""
+    prefill_token_ms: float = Field(default=0.0, ge=0)
+    """Per prompt (or recomputed) token processed."""
+    prefill_pair_ms: float = Field(default=0.0, ge=0)
+    """Per query-key pair of the prefill chunks' causal attention (what makes long chunks
+    cost more than linearly)."""
+    prefill_context_ms: float = Field(default=0.0, ge=0)
+    """Per KV token the prefill chunks' attention reads (earlier chunks' context)."""
+    decode_ms: float = Field(default=0.0, ge=0)
+    """Per request decoding one token."""
+    decode_squared_ms: float = Field(default=0.0, ge=0)
+    """Per squared decode batch size (decode cost that grows faster than the batch, as on a
+    CPU whose threads saturate; zero where the batch is cheap to grow)."""
+    decode_context_ms: float = Field(default=0.0, ge=0)
+    """Per KV token the decodes' attention reads."""
+    request_ms: float = Field(default=0.0, ge=0)
+    """Per scheduled request (metadata, sampling)."""
+    host_ms: float = Field(default=0.0, ge=0)
+    """Per step, outside vLLM's step timer: scheduling, output processing, the messages to
+    the front end (fitted to the gaps between the log's step lines)."""
+    host_request_ms: float = Field(default=0.0, ge=0)
+    """Of that host time, per scheduled request."""
+    request_latency_ms: float = Field(default=0.0, ge=0)
+    """From a request's send to the scheduler seeing it (HTTP, tokenisation, the front end;
+    fitted to the replay's TTFTs)."""
+    request_interval_ms: float = Field(default=0.0, ge=0)
+    """Least time between two requests reaching the scheduler (fitted to bursts' TTFTs)."""
+    kv_bytes_per_token: float | None = Field(default=None, gt=0)
+    """KV cache bytes per token, when known (sizes the pool for ``--kv-cache-memory-bytes``)."""
+    engine_defaults: dict[str, int | float | bool] = Field(default_factory=dict)
+    """Engine settings of the server calibrated: ``num_gpu_blocks``, ``block_size``,
+    ``max_model_len``, as it reported them."""
+    provenance: Provenance = Field(default_factory=Provenance)
+
+    @property
+    def coefficients_ms(self) -> np.ndarray:
+        """Milliseconds per unit of each of :data:`FEATURES`."""
+        return np.array([getattr(self, f"{name}_ms") for name in FEATURES])
+
+    @property
+    def request_latency_s(self) -> float:
+        return self.request_latency_ms / 1000.0
+
+    @property
+    def request_interval_s(self) -> float:
+        return self.request_interval_ms / 1000.0
+
+    def step_seconds(self, shape: StepShape) -> float:
+        # The order of the plain-decode terms is :meth:`decode_run_seconds`'s (same floats).
+        total = (
+            self.base_ms
+            + self.decode_ms * shape.decode_tokens
+            + self.decode_squared_ms * shape.decode_tokens**2
+            + self.request_ms * shape.requests
+            + self.host_ms
+            + self.host_request_ms * shape.requests
+        )
+        total += self.decode_context_ms * shape.decode_context_tokens
+        total += (
+            self.prefill_token_ms * shape.prefill_tokens
+            + self.prefill_pair_ms * shape.prefill_attention_pairs
+            + self.prefill_context_ms * shape.prefill_context_tokens
+        )
+        return total / 1000.0
+
+    def decode_run_seconds(self, requests: int, first_context: int, steps: int) -> np.ndarray:
+        """Durations of ``steps`` consecutive plain decode steps (see
+        :meth:`RooflineProfile.decode_run_seconds`)."""
+        context = first_context + requests * np.arange(steps, dtype=np.float64)
+        fixed = (
+            self.base_ms
+            + self.decode_ms * requests
+            + self.decode_squared_ms * requests**2
+            + self.request_ms * requests
+            + self.host_ms
+            + self.host_request_ms * requests
+        )
+        return (fixed + self.decode_context_ms * context + 0.0) / 1000.0
+
+
+StepModel = ConstantProfile | RooflineProfile | FittedProfile
+"""Anything the simulator can take its step times from."""
+
+
+Profile = Annotated[StepModel, Field(discriminator="kind")]
 _PROFILE = TypeAdapter(Profile)
 
 
@@ -187,7 +328,7 @@ def builtin_profiles() -> list[str]:
     return sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
 
 
-def load_profile(name_or_path: str) -> ConstantProfile | RooflineProfile:
+def load_profile(name_or_path: str) -> StepModel:
     """A shipped profile by name, or a YAML/JSON file; a one-line error when invalid."""
     path = Path(name_or_path)
     if not os.path.exists(path):  # False, not an error, for a name too long to be a file

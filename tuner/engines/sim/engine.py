@@ -17,7 +17,7 @@ import numpy as np
 
 from prefill_tuner import __version__
 from prefill_tuner.engines.sim.config import SimConfig
-from prefill_tuner.engines.sim.cost_model import ConstantProfile, RooflineProfile, StepShape
+from prefill_tuner.engines.sim.cost_model import StepModel, StepShape
 from prefill_tuner.engines.sim.request import PrefixInterner, SimRequest, Status
 from prefill_tuner.engines.sim.scheduler import Scheduler, StepPlan
 from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics, summarize_run
@@ -113,7 +113,7 @@ class SimResult:
 def simulate(
     trace: Trace,
     config: SimConfig,
-    profile: ConstantProfile | RooflineProfile,
+    profile: StepModel,
     *,
     on_step: Callable[[StepRecord], None] | None = None,
     fast_forward: bool = True,
@@ -139,21 +139,22 @@ def simulate(
 
     scheduler = Scheduler(config)
     kv = scheduler.kv
-    clock = accepted[0].arrival_s if accepted else 0.0
+    ready = _ready_times(accepted, profile.request_latency_s, profile.request_interval_s)
+    clock = ready[0] if accepted else 0.0
     next_arrival = 0
     step_index = 0
     peak_blocks = preemptions = 0
     stalled: str | None = None
     while True:
-        while next_arrival < len(accepted) and accepted[next_arrival].arrival_s <= clock:
+        while next_arrival < len(accepted) and ready[next_arrival] <= clock:
             scheduler.add_request(accepted[next_arrival])
             next_arrival += 1
         if not scheduler.has_work():
             if next_arrival >= len(accepted):
                 break
-            clock = accepted[next_arrival].arrival_s
+            clock = ready[next_arrival]
             continue
-        arrival = accepted[next_arrival].arrival_s if next_arrival < len(accepted) else None
+        arrival = ready[next_arrival] if next_arrival < len(accepted) else None
         run = _decode_run(scheduler, profile, clock, arrival) if fast_forward else None
         if run is not None:
             starts, durations, ends = run
@@ -228,13 +229,24 @@ def simulate(
     )
 
 
+def _ready_times(requests: list[SimRequest], latency: float, interval: float) -> list[float]:
+    """When the scheduler sees each request: ``latency`` after its send, and ``interval``
+    after the one before at the soonest (the server's front end takes them one by one)."""
+    ready: list[float] = []
+    previous = float("-inf")
+    for request in requests:
+        previous = max(request.arrival_s + latency, previous + interval)
+        ready.append(previous)
+    return ready
+
+
 MIN_DECODE_RUN = 4
 """Shorter runs of plain decode steps are cheaper to schedule one by one."""
 
 
 def _decode_run(
     scheduler: Scheduler,
-    profile: ConstantProfile | RooflineProfile,
+    profile: StepModel,
     clock: float,
     next_arrival_s: float | None,
 ) -> tuple[list[float], list[float], list[float]] | None:

@@ -1,0 +1,316 @@
+"""From real replays to a fitted profile: rebuild the steps, fit their times, fit the front end.
+
+1. Each replay's logged steps are rebuilt (:mod:`~prefill_tuner.calibration.reconstruct`).
+2. The step model is fitted (:mod:`~prefill_tuner.calibration.fit`, a fifth held out) to
+   vLLM's own step timer (precise, in-process); the host time it leaves out (scheduling,
+   output processing, messages) is fitted to the gap between consecutive log lines of steps
+   that followed one another at once. Logs without line times (written before the tuner
+   timed them) give no host time: the profile says so.
+3. The front end's two terms (a request's latency to the scheduler, and the least interval
+   between two requests reaching it) are fitted by simulating the replays with the step model
+   and matching TTFTs: per request where the client's token times are at hand, else the
+   stored p50/p99 TTFT of each run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import platform
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import minimize
+
+from prefill_tuner.calibration.fit import KINDS, StepFit, fit_steps
+from prefill_tuner.calibration.reconstruct import Scheduling, rebuild_steps
+from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.cost_model import FittedProfile, Provenance, StepShape
+from prefill_tuner.engines.sim.engine import simulate
+from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
+from prefill_tuner.trace.model import Trace
+
+MIN_ALIGNED_STEPS = 50
+"""Fewer aligned steps than this cannot identify the model: calibration refuses."""
+FRONTEND_BOUND_MS = 2000.0
+"""The front-end terms are searched in ``[0, FRONTEND_BOUND_MS]``."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One real replay: what was sent, what the server logged, what the client saw."""
+
+    trace: Trace
+    steps: Sequence[dict[str, Any]]
+    """Step records parsed from the server's log (``parse_iteration_log``)."""
+    config: SimConfig
+    """The server's scheduler and KV settings, as the simulator takes them."""
+    records: Sequence[RequestRecord] | None = None
+    """Every request's token times (a replay run now); ``None`` for a stored trial."""
+    ttft_s: dict[str, float] | None = None
+    """The run's TTFT percentiles (``p50``, ``p99``), for a stored trial."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted profile and how well it fits."""
+
+    profile: FittedProfile
+    fit: StepFit
+    steps: int
+    """Logged steps seen."""
+    aligned: int
+    """Of those, rebuilt exactly (the rest are left out)."""
+    cycle_steps: int
+    """Aligned steps timed line to line too (they followed another at once): the host fit."""
+    ttft_error: float
+    """Median relative TTFT error of the simulated replays with the fitted profile."""
+    replays: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    """Per replay with token times: real vs simulated (with the fitted profile) step count,
+    p50 TTFT and p50 TPOT."""
+
+
+def sim_config_of(resolved: dict[str, Any]) -> SimConfig:
+    """The simulator's config of a real server, from the config resolved before its start and
+    what the running server reported (its KV pool is only known once it runs)."""
+    scheduler = resolved.get("scheduler_config") or {}
+    cache = resolved.get("cache_config") or {}
+    served = resolved.get("server_reported") or {}
+    served_cache = served.get("cache_config") or served
+    model = resolved.get("model_config") or {}
+    blocks = served_cache.get("num_gpu_blocks") or cache.get("num_gpu_blocks")
+    values: dict[str, Any] = {
+        "max_num_batched_tokens": scheduler.get("max_num_batched_tokens"),
+        "max_num_seqs": scheduler.get("max_num_seqs"),
+        "max_model_len": scheduler.get("max_model_len") or model.get("max_model_len"),
+        "enable_chunked_prefill": scheduler.get("enable_chunked_prefill"),
+        "long_prefill_token_threshold": scheduler.get("long_prefill_token_threshold"),
+        "long_prefill_token_threshold_adaptive": scheduler.get(
+            "long_prefill_token_threshold_adaptive"
+        ),
+        "scheduler_reserve_full_isl": scheduler.get("scheduler_reserve_full_isl"),
+        "watermark": scheduler.get("watermark"),
+        "block_size": served_cache.get("block_size") or cache.get("block_size"),
+        "num_gpu_blocks": int(blocks) if blocks else None,
+        "enable_prefix_caching": cache.get("enable_prefix_caching"),
+    }
+    try:
+        return SimConfig(**{key: value for key, value in values.items() if value is not None})
+    except ValueError as exc:
+        raise TunerError(f"the server's config does not fit the simulator: {exc}") from None
+
+
+def scheduling_of(config: SimConfig) -> Scheduling:
+    return Scheduling(
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=config.max_model_len,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        long_prefill_token_threshold_adaptive=config.long_prefill_token_threshold_adaptive,
+        block_size=config.block_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+    )
+
+
+def step_samples(observed: Observed) -> tuple[list[StepShape], list[float], list[float]]:
+    """The aligned steps of one replay: shapes, vLLM's step timer, and the step cycle (the
+    gap since the previous log line; NaN after an idle engine or without log times)."""
+    rebuilt = rebuild_steps(observed.steps, observed.trace.requests, scheduling_of(observed.config))
+    stamps = [step.get("logged_at_s") for step in observed.steps]
+    shapes, timers, cycles = [], [], []
+    for step, logged, previous in zip(rebuilt, observed.steps, [None, *stamps], strict=False):
+        if step.shape is None:
+            continue
+        shapes.append(step.shape)
+        timers.append(float(logged["duration_s"]))
+        at = logged.get("logged_at_s")
+        busy = step.busy_before and at is not None and previous is not None
+        cycles.append(float(at) - float(previous) if busy else math.nan)
+    return shapes, timers, cycles
+
+
+def calibrate(
+    observed: Sequence[Observed],
+    *,
+    name: str,
+    provenance: Provenance,
+    engine_defaults: dict[str, int | float | bool],
+    kv_bytes_per_token: float | None = None,
+) -> Calibration:
+    """Fit a profile to ``observed``; ``provenance`` gets the fit's held-out error."""
+    shapes: list[StepShape] = []
+    timers: list[float] = []
+    cycles: list[float] = []
+    total = 0
+    for replay in observed:
+        replay_shapes, replay_timers, replay_cycles = step_samples(replay)
+        shapes += replay_shapes
+        timers += replay_timers
+        cycles += replay_cycles
+        total += len(replay.steps)
+    if len(shapes) < MIN_ALIGNED_STEPS:
+        raise TunerError(
+            f"only {len(shapes)} of {total} logged steps could be rebuilt "
+            f"(at least {MIN_ALIGNED_STEPS} are needed): "
+            + (
+                "the server logged no steps (was --enable-logging-iteration-details given?)"
+                if total == 0
+                else "the replays preempted or reordered too much to follow"
+            )
+        )
+    fit = fit_steps(shapes, timers, cycles)
+    error = {"median": fit.held_out.median, "p90": fit.held_out.p90}
+    for kind in KINDS:
+        if kind in fit.by_kind:
+            error[f"{kind}_median"] = fit.by_kind[kind].median
+    if fit.cycle_held_out is not None:
+        error["cycle_median"] = fit.cycle_held_out.median
+    timed = int(np.isfinite(cycles).sum())
+    method = provenance.method or "vLLM's per-step log"
+    if fit.cycle_held_out is None:
+        method += " (no log times: host time between steps is not in the profile)"
+    profile = FittedProfile(
+        name=name,
+        description=f"Fitted to {len(shapes)} steps of {len(observed)} real replay(s).",
+        **{f"{feature}_ms": value for feature, value in fit.coefficients_ms.items()},
+        host_ms=fit.host_ms,
+        host_request_ms=fit.host_request_ms,
+        kv_bytes_per_token=kv_bytes_per_token,
+        engine_defaults=engine_defaults,
+        provenance=provenance.model_copy(
+            update={"kind": "calibrated", "method": method, "held_out_error": error}
+        ),
+    )
+    profile, ttft_error = fit_frontend(profile, observed)
+    return Calibration(
+        replays=[_compare(profile, replay) for replay in observed if replay.records is not None],
+        profile=profile,
+        fit=fit,
+        steps=total,
+        aligned=len(shapes),
+        cycle_steps=timed,
+        ttft_error=ttft_error,
+    )
+
+
+def _compare(profile: FittedProfile, replay: Observed) -> dict[str, float]:
+    """A replay, real and simulated with ``profile``: what a user checks first."""
+    result = simulate(replay.trace, replay.config, profile)
+    real = summarize_run(list(replay.records or ()))
+    return {
+        "real_steps": len(replay.steps),
+        "sim_steps": result.steps,
+        "real_p50_ttft_s": real.ttft_s["p50"],
+        "sim_p50_ttft_s": result.metrics.ttft_s["p50"],
+        "real_p50_tpot_s": real.tpot_s["p50"],
+        "sim_p50_tpot_s": result.metrics.tpot_s["p50"],
+    }
+
+
+FRONTEND_REPLAYS = 6
+"""The front end is fitted on at most this many replays (each try simulates them all)."""
+
+
+def fit_frontend(
+    profile: FittedProfile, observed: Sequence[Observed]
+) -> tuple[FittedProfile, float]:
+    """The profile with ``request_latency_ms`` and ``request_interval_ms`` that best match
+    the replays' TTFTs (mean absolute log ratio: a coarse grid, then Nelder-Mead from its
+    best point), and the median relative TTFT error that leaves."""
+    replays = list(observed)[:FRONTEND_REPLAYS]
+
+    def candidate(values: Sequence[float]) -> FittedProfile:
+        latency, interval = np.clip(values, 0.0, FRONTEND_BOUND_MS).tolist()
+        return profile.model_copy(
+            update={"request_latency_ms": latency, "request_interval_ms": interval}
+        )
+
+    def loss(values: Sequence[float]) -> float:
+        ratios = np.concatenate([_ttft_ratios(candidate(values), replay) for replay in replays])
+        return float(np.mean(np.abs(np.log(ratios)))) if ratios.size else 0.0
+
+    fastest = min((_fastest_ttft_ms(replay) for replay in replays), default=0.0)
+    grid = [
+        (latency, interval)
+        for latency in np.linspace(0.0, max(fastest, 1.0), 5)
+        for interval in (0.0, 1.0, 3.0, 10.0, 30.0)
+    ]
+    start = min(grid, key=loss)
+    best = minimize(
+        loss, np.array(start), method="Nelder-Mead", options={"xatol": 0.05, "fatol": 1e-5}
+    )
+    fitted = candidate(np.round(best.x if best.fun <= loss(start) else start, 3))
+    ratios = np.concatenate([_ttft_ratios(fitted, replay) for replay in observed])
+    error = float(np.median(np.abs(ratios - 1.0))) if ratios.size else math.nan
+    return fitted, error
+
+
+def _fastest_ttft_ms(replay: Observed) -> float:
+    """The smallest TTFT the replay saw: the front end's latency cannot exceed it."""
+    if replay.records is not None:
+        values = [
+            record.token_times_s[0] - record.sent_s
+            for record in replay.records
+            if record.token_times_s and not record.error
+        ]
+    else:
+        values = list((replay.ttft_s or {}).values())
+    values = [value for value in values if value > 0 and math.isfinite(value)]
+    return 1000.0 * min(values) if values else 0.0
+
+
+def _ttft_ratios(profile: FittedProfile, replay: Observed) -> np.ndarray:
+    """Simulated / real TTFT: per request, or per stored percentile."""
+    result = simulate(replay.trace, replay.config, profile)
+    if replay.records is not None:
+        pairs = [
+            (sim.token_times_s[0] - sim.sent_s, real.token_times_s[0] - real.sent_s)
+            for sim, real in zip(result.records, replay.records, strict=True)
+            if sim.token_times_s and real.token_times_s and not real.error
+        ]
+    else:
+        pairs = [
+            (result.metrics.ttft_s[key], (replay.ttft_s or {})[key])
+            for key in ("p50", "p99")
+            if key in (replay.ttft_s or {})
+        ]
+    values = np.array([(sim, real) for sim, real in pairs if sim > 0 and real > 0], dtype=float)
+    return values[:, 0] / values[:, 1] if values.size else np.array([])
+
+
+def hardware() -> str:
+    """The accelerator or CPU this machine has, as it names it."""
+    if shutil.which("nvidia-smi"):
+        try:
+            names = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            ).stdout.split("\n")
+            names = [name.strip() for name in names if name.strip()]
+            if names:
+                return f"{len(names)}× {names[0]}"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} CPUs"
+
+
+def today() -> str:
+    return date.today().isoformat()

@@ -1,0 +1,185 @@
+"""Where calibration data comes from: a real server replaying the designed workload now, or
+the real trials a study already kept."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from prefill_tuner.calibration.calibrate import (
+    Calibration,
+    Observed,
+    calibrate,
+    hardware,
+    sim_config_of,
+    today,
+)
+from prefill_tuner.calibration.workload import profiling_trace
+from prefill_tuner.engines.base import TrialEngine
+from prefill_tuner.engines.sim.cost_model import Provenance
+from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.metrics import RequestRecord
+from prefill_tuner.storage.models import StudyRecord
+from prefill_tuner.storage.store import TunerStore, redact_url
+from prefill_tuner.trace import load_trace
+from prefill_tuner.trace.model import Trace
+from prefill_tuner.trace.shaping import ShapeOptions
+
+
+def as_sent(trace: Trace, records: list[RequestRecord]) -> Trace:
+    """``trace`` with each request arriving when the client really sent it: the simulator
+    then sees what the server saw, however late the client was (a 2-core machine running
+    client and server together is late by up to a second in a burst)."""
+    return dataclasses.replace(
+        trace,
+        requests=tuple(
+            dataclasses.replace(request, arrival_s=record.sent_s)
+            for request, record in zip(trace.requests, records, strict=True)
+        ),
+    )
+
+
+def read_steps(path: str | None) -> list[dict[str, Any]]:
+    """A step trace (JSONL) a real trial wrote; empty when missing or unreadable."""
+    if not path:
+        return []
+    try:
+        with Path(path).open(encoding="utf-8") as stream:
+            return [json.loads(line) for line in stream if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def calibrate_on_server(
+    engine: TrialEngine,
+    settings: dict[str, Any],
+    *,
+    model: str,
+    name: str,
+    spacing: float = 1.0,
+    label: str = "calibration",
+) -> Calibration:
+    """Start one server with ``settings``, replay the designed workload, fit a profile."""
+    max_model_len = int(engine.max_model_len({}))
+    trace = profiling_trace(
+        max_model_len=max_model_len,
+        max_num_seqs=int(settings.get("max_num_seqs") or 256),
+        spacing=spacing,
+    )
+    run = engine.run(trace, settings, label=label)
+    if run.failure or run.records is None:
+        raise TunerError(f"the calibration run failed: {run.failure or 'no request records'}")
+    steps = read_steps((run.details.get("server_steps") or {}).get("trace"))
+    config = sim_config_of(run.resolved_config)
+    observed = Observed(
+        trace=as_sent(trace, run.records), steps=steps, config=config, records=run.records
+    )
+    provenance = Provenance(
+        kind="calibrated",
+        method="vLLM's per-step log of the designed workload",
+        vllm_version=engine.version,
+        model=model,
+        hardware=hardware(),
+        date=today(),
+        workload=(
+            f"designed: {len(trace.requests)} requests (prefill sweep to {max_model_len} "
+            f"tokens, decode bursts to {config.max_num_seqs}, long prompts among streams); "
+            f"budget {config.max_num_batched_tokens}"
+        ),
+    )
+    return calibrate(
+        [observed],
+        name=name,
+        provenance=provenance,
+        engine_defaults={
+            "num_gpu_blocks": config.num_gpu_blocks,
+            "block_size": config.block_size,
+            "max_model_len": config.max_model_len,
+        },
+    )
+
+
+def calibrate_from_study(store: TunerStore, study: str, *, name: str) -> Calibration:
+    """Fit a profile to the step logs the real trials of ``study`` kept (every completed
+    trial whose step trace is still on disk); the front end is fitted to their stored TTFT
+    percentiles (stored trials keep no per-request token times)."""
+    record = store.get_study(study)
+    if record is None:
+        raise TunerError(f"--from-study {study}: no such study in {redact_url(store.url)}")
+    if record.engine != "vllm":
+        raise TunerError(
+            f"--from-study {study}: its trials ran on the {record.engine} engine; calibration "
+            "needs real vLLM trials (tune run --engine vllm)"
+        )
+    trace = _study_trace(record)
+    observed: list[Observed] = []
+    versions: set[str] = set()
+    missing = 0
+    for trial in store.trials(record):
+        metrics = trial.metrics or {}
+        steps = read_steps(((metrics.get("details") or {}).get("server_steps") or {}).get("trace"))
+        if (
+            trial.status != "complete"
+            or not steps
+            or (metrics.get("details") or {}).get("cut_short")
+        ):
+            missing += trial.status == "complete" and not steps
+            continue
+        try:
+            config = sim_config_of(trial.resolved_config)
+        except TunerError:
+            continue
+        observed.append(
+            Observed(trace=trace, steps=steps, config=config, ttft_s=metrics.get("ttft_s"))
+        )
+        versions.add(trial.engine_version.version)
+    if not observed:
+        raise TunerError(
+            f"--from-study {study}: no completed real trial with its step trace on disk"
+            + (f" ({missing} trials' step traces are gone)" if missing else "")
+        )
+    first = observed[0].config
+    provenance = Provenance(
+        kind="calibrated",
+        method=f"vLLM's per-step logs of {len(observed)} trials of study {study}",
+        vllm_version=", ".join(sorted(versions)),
+        model=record.model,
+        hardware=hardware(),
+        date=today(),
+        workload=f"study {study}'s trace ({Path(record.trace_path).name}, "
+        f"{len(trace.requests)} requests)",
+    )
+    return calibrate(
+        observed,
+        name=name,
+        provenance=provenance,
+        engine_defaults={
+            "num_gpu_blocks": first.num_gpu_blocks,
+            "block_size": first.block_size,
+            "max_model_len": first.max_model_len,
+        },
+    )
+
+
+def _study_trace(record: StudyRecord) -> Trace:
+    """The study's trace as its trials replayed it (the file must be unchanged)."""
+    path = record.trace_path
+    if not path or not Path(path).is_file():
+        raise TunerError(
+            f"--from-study {record.name}: its trace {path or '(none recorded)'} is not on disk"
+        )
+    definition = record.definition or {}
+    trace = load_trace(
+        path,
+        record.trace_format or None,
+        sort=bool(definition.get("sort", False)),
+        options=ShapeOptions(**record.shaping),
+    )
+    if trace.source is not None and trace.source.sha256 != record.trace_sha256:
+        raise TunerError(
+            f"--from-study {record.name}: {path} changed since the study ran (sha256 "
+            f"{record.trace_sha256[:12]}… then, {trace.source.sha256[:12]}… now)"
+        )
+    return trace
