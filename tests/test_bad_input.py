@@ -285,8 +285,9 @@ def test_nightly_report_files_respect_the_umask(tmp_path: Path) -> None:
         ("trace", "synth", "{out}", "--count", "3"),
         ("simulate", "--trace", str(AZURE), "--max-requests", "3", "--steps-out", "{out}"),
         ("export", "--storage", "{db}", "-o", "{out}"),
+        ("calibrate", "--from-study", "s", "--storage", "{db}", "-o", "{out}"),
     ],
-    ids=["convert", "synth", "steps-out", "export"],
+    ids=["convert", "synth", "steps-out", "export", "calibrate"],
 )
 def test_outputs_that_are_not_regular_files_are_refused(
     tune, tmp_path: Path, make: str, words: str, command: tuple[str, ...]

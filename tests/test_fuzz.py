@@ -265,6 +265,22 @@ def test_simulate_options(tune, workdir: Path, option: tuple[str, str]) -> None:
     assert (workdir / "target").read_text() == "keep\n"
 
 
+@FUZZ_SETTINGS
+@given(
+    st.one_of(
+        st.tuples(st.sampled_from(["--from-study", "--name", "--spacing", "--storage"]), GARBAGE),
+        st.tuples(st.just("-o"), OUTPUT_NAMES),
+    )
+)
+def test_calibrate_options(tune, workdir: Path, option: tuple[str, str]) -> None:
+    """``tune calibrate --from-study`` (no server) on a storage that has no such study."""
+    flag, value = option
+    fixed = {"--from-study": "nope", "--storage": "sqlite:///empty.db", "-o": "p.yaml", flag: value}
+    (workdir / "empty.db").touch()
+    one_line_or_success(tune("calibrate", *(f"{name}={text}" for name, text in fixed.items())))
+    assert (workdir / "target").read_text() == "keep\n"
+
+
 TRACE_FLAGS = [
     "--start",
     "--duration",

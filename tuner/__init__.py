@@ -50,10 +50,14 @@ _EXPORTS = {
     "load_profile": "prefill_tuner.engines.sim",
     "TunerError": "prefill_tuner.errors",
     "SAMPLE_TRACE": "prefill_tuner.defaults",
+    "Calibration": "prefill_tuner.calibration.calibrate",
+    "calibrate_on_server": "prefill_tuner.calibration.sources",
+    "calibrate_from_study": "prefill_tuner.calibration.sources",
 }
 
 __all__ = [
     "SAMPLE_TRACE",
+    "Calibration",
     "EngineOptions",
     "EngineRun",
     "ShapeOptions",
@@ -70,6 +74,8 @@ __all__ = [
     "__version__",
     "build_engine",
     "build_plan",
+    "calibrate_from_study",
+    "calibrate_on_server",
     "capacity_search",
     "export",
     "load_profile",
@@ -96,6 +102,8 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from prefill_tuner.calibration.calibrate import Calibration
+    from prefill_tuner.calibration.sources import calibrate_from_study, calibrate_on_server
     from prefill_tuner.defaults import SAMPLE_TRACE
     from prefill_tuner.engines.base import EngineRun, TrialEngine
     from prefill_tuner.engines.factory import EngineOptions, build_engine

@@ -1,0 +1,1 @@
+"""Fitting the simulator's step-time profile to a real vLLM server (``tune calibrate``)."""

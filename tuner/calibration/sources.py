@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from prefill_tuner.calibration.calibrate import (
     sim_config_of,
     today,
 )
-from prefill_tuner.calibration.workload import profiling_trace
+from prefill_tuner.calibration.workload import CALIBRATION_THRESHOLD_SHARE, profiling_trace
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.cost_model import Provenance
 from prefill_tuner.errors import TunerError
@@ -61,7 +62,15 @@ def calibrate_on_server(
     spacing: float = 1.0,
     label: str = "calibration",
 ) -> Calibration:
-    """Start one server with ``settings``, replay the designed workload, fit a profile."""
+    """Start one server with ``settings`` (chunked prefill on, and a low long-prefill
+    threshold: see :mod:`~prefill_tuner.calibration.workload`), replay the designed workload,
+    fit a profile."""
+    budget = int(settings.get("max_num_batched_tokens") or 2048)
+    settings = {
+        **settings,
+        "enable_chunked_prefill": True,
+        "long_prefill_token_threshold": max(16, budget // CALIBRATION_THRESHOLD_SHARE),
+    }
     max_model_len = int(engine.max_model_len({}))
     trace = profiling_trace(
         max_model_len=max_model_len,
@@ -85,8 +94,9 @@ def calibrate_on_server(
         date=today(),
         workload=(
             f"designed: {len(trace.requests)} requests (prefill sweep to {max_model_len} "
-            f"tokens, decode bursts to {config.max_num_seqs}, long prompts among streams); "
-            f"budget {config.max_num_batched_tokens}"
+            f"tokens, decode bursts to {config.max_num_seqs}, long prompts among streams, "
+            f"long-context decodes); budget {config.max_num_batched_tokens}, long-prefill "
+            f"threshold {config.long_prefill_token_threshold}"
         ),
     )
     return calibrate(
@@ -101,7 +111,13 @@ def calibrate_on_server(
     )
 
 
-def calibrate_from_study(store: TunerStore, study: str, *, name: str) -> Calibration:
+def calibrate_from_study(
+    store: TunerStore,
+    study: str,
+    *,
+    name: str,
+    on_start: Callable[[str], None] | None = None,
+) -> Calibration:
     """Fit a profile to the step logs the real trials of ``study`` kept (every completed
     trial whose step trace is still on disk); the front end is fitted to their stored TTFT
     percentiles (stored trials keep no per-request token times)."""
@@ -140,6 +156,8 @@ def calibrate_from_study(store: TunerStore, study: str, *, name: str) -> Calibra
             f"--from-study {study}: no completed real trial with its step trace on disk"
             + (f" ({missing} trials' step traces are gone)" if missing else "")
         )
+    if on_start is not None:
+        on_start(f"fitting to the step logs of {len(observed)} real trials of study {study}…")
     first = observed[0].config
     provenance = Provenance(
         kind="calibrated",

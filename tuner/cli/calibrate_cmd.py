@@ -97,8 +97,9 @@ def calibrate_command(
         from prefill_tuner.storage.store import TunerStore
 
         store = TunerStore(storage, create=False)
-        err.print(f"fitting to the real trials of study {from_study}…")
-        calibration = calibrate_from_study(store, from_study, name=profile_name)
+        calibration = calibrate_from_study(
+            store, from_study, name=profile_name, on_start=lambda line: err.print(line)
+        )
     else:
         if engine_name != "vllm":
             raise TunerError(
