@@ -108,7 +108,17 @@ class Cell:
     lateness_p99: list[float] = field(default_factory=list)
     sim: dict[str, float] = field(default_factory=dict)
     naive: dict[str, float] = field(default_factory=dict)
-    residuals: list[tuple[str, float]] = field(default_factory=list)
+    residuals: list[tuple[str, str, float]] = field(default_factory=list)
+
+
+def bucket(shape: Any) -> str:
+    """Where a step sits: decodes by context per request, prefills by chunk size."""
+    if shape.prefill_tokens == 0:
+        per_request = shape.decode_context_tokens / max(shape.decode_tokens, 1)
+        edges = ((512, "context < 512"), (2048, "context 512-2K"))
+        return next((name for edge, name in edges if per_request < edge), "context ≥ 2K")
+    edges = ((256, "chunk < 256"), (1024, "chunk 256-1K"))
+    return next((name for edge, name in edges if shape.prefill_tokens < edge), "chunk ≥ 1K")
 
 
 def metric_values(metrics: Any) -> dict[str, float]:
@@ -165,6 +175,9 @@ def main() -> int:
         f"  front end: latency {profile.request_latency_ms} ms, interval "
         f"{profile.request_interval_ms} ms; TTFT error {calibration.ttft_error:.1%}"
     )
+    print(f"  steps rebuilt {calibration.aligned} of {calibration.steps}")
+    print(f"  calibration replay, real vs simulated: {calibration.replays}")
+    print(f"  profile {profile.model_dump_json()}", flush=True)
     calibration_log = sorted((work / "logs").glob("calibration*.steps.jsonl"))[0]
     calibration_steps = [json.loads(line) for line in calibration_log.open()]
     naive = naive_profile(calibration_steps, dict(profile.engine_defaults))
@@ -204,7 +217,7 @@ def main() -> int:
                     steps = settled_steps(log_path)[before:]
                     cell.real.append(metric_values(summarize_run(result.records)))
                     cell.lateness_p99.append(float(np.percentile(result.lateness_s, 99)))
-                    sent = as_sent(trace, result.records)
+                    sent, _ = as_sent(trace, result.records)
                     rebuilt = rebuild_steps(steps, sent.requests, scheduling_of(sim_config))
                     for step, logged in zip(rebuilt, steps, strict=True):
                         if step.shape is not None and logged["duration_s"] > 0:
@@ -214,7 +227,11 @@ def main() -> int:
                                 / 1000
                             )
                             cell.residuals.append(
-                                (step_kind(step.shape), predicted / logged["duration_s"] - 1)
+                                (
+                                    step_kind(step.shape),
+                                    bucket(step.shape),
+                                    predicted / logged["duration_s"] - 1,
+                                )
                             )
                     if rep == 0:
                         cell.sim = metric_values(simulate(sent, sim_config, profile).metrics)
@@ -222,11 +239,41 @@ def main() -> int:
                 print(f"{name} {trace_name}: real {median_real(cell)} sim {cell.sim}", flush=True)
     report = render(cells, args.configs.split(","), list(workloads))
     print(report)
+    # The machine's own drift over the benchmark: calibrate again, and simulate every cell
+    # with both profiles (identical runs on this shared CPU differ by more than the model).
+    again = calibrate_on_server(
+        engine, settings, model="tiny-llama (dummy)", name="tiny-cpu-end", label="calibration-end"
+    ).profile
+    drift: dict[str, list[float]] = {m: [] for m in METRICS}
+    for name, trace_name in cells:
+        config_settings = {**settings, **CONFIGS[name]}
+        sim_config = SimConfig(
+            **{
+                **{k: v for k, v in config_settings.items() if k in SimConfig.model_fields},
+                **defaults,
+            }
+        )
+        later = metric_values(simulate(workloads[trace_name], sim_config, again).metrics)
+        earlier = metric_values(simulate(workloads[trace_name], sim_config, profile).metrics)
+        for metric in METRICS:
+            drift[metric].append(later[metric] / earlier[metric] - 1)
+    print("\n## the machine's drift: simulated with the end-of-run calibration vs the first\n")
+    print("| metric | median | min | max |\n|---|---:|---:|---:|")
+    for metric, values in drift.items():
+        print(f"| {metric} | {np.median(values):+.0%} | {min(values):+.0%} | {max(values):+.0%} |")
     if args.json:
         args.json.write_text(
             json.dumps(
                 {
                     "profile": profile.model_dump(),
+                    "calibration": {
+                        "steps": calibration.steps,
+                        "rebuilt": calibration.aligned,
+                        "held_out": calibration.fit.held_out.as_dict(),
+                        "by_kind": {k: e.as_dict() for k, e in calibration.fit.by_kind.items()},
+                        "ttft_error": calibration.ttft_error,
+                        "replays": calibration.replays,
+                    },
                     "cells": {f"{c}|{t}": cell.__dict__ for (c, t), cell in cells.items()},
                 },
                 default=float,
@@ -316,13 +363,17 @@ def render(cells: dict, configs: list[str], trace_names: list[str]) -> str:
             f"max {max(lateness) * 1000:.0f} ms"
         )
     lines.append("\n## calibrated step model on the benchmark's real steps (vLLM's step timer)\n")
-    lines.append("| step kind | steps | median predicted/measured − 1 | p10 | p90 |")
-    lines.append("|---|---:|---:|---:|---:|")
+    lines.append("| step kind | where | steps | median predicted/measured − 1 | p10 | p90 |")
+    lines.append("|---|---|---:|---:|---:|---:|")
     for kind in KINDS:
-        values = [r for cell in cells.values() for k, r in cell.residuals if k == kind]
-        if values:
-            p10, p50, p90 = np.percentile(values, [10, 50, 90])
-            lines.append(f"| {kind} | {len(values)} | {p50:+.0%} | {p10:+.0%} | {p90:+.0%} |")
+        found = [(b, r) for cell in cells.values() for k, b, r in cell.residuals if k == kind]
+        for where in ["all", *sorted({b for b, _ in found})]:
+            values = [r for b, r in found if where in ("all", b)]
+            if values:
+                p10, p50, p90 = np.percentile(values, [10, 50, 90])
+                lines.append(
+                    f"| {kind} | {where} | {len(values)} | {p50:+.0%} | {p10:+.0%} | {p90:+.0%} |"
+                )
     return "\n".join(lines)
 
 

@@ -29,17 +29,17 @@ from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.shaping import ShapeOptions
 
 
-def as_sent(trace: Trace, records: list[RequestRecord]) -> Trace:
-    """``trace`` with each request arriving when the client really sent it: the simulator
-    then sees what the server saw, however late the client was (a 2-core machine running
-    client and server together is late by up to a second in a burst)."""
-    return dataclasses.replace(
-        trace,
-        requests=tuple(
-            dataclasses.replace(request, arrival_s=record.sent_s)
-            for request, record in zip(trace.requests, records, strict=True)
-        ),
+def as_sent(trace: Trace, records: list[RequestRecord]) -> tuple[Trace, list[RequestRecord]]:
+    """``trace`` with each request arriving when the client really sent it, in that order,
+    and the records in the same order: the simulator and the step rebuild then see what the
+    server saw, however late the client was (a 2-core machine running client and server
+    together is late by up to a second in a burst)."""
+    order = sorted(range(len(records)), key=lambda index: records[index].sent_s)
+    requests = tuple(
+        dataclasses.replace(trace.requests[index], arrival_s=records[index].sent_s)
+        for index in order
     )
+    return dataclasses.replace(trace, requests=requests), [records[index] for index in order]
 
 
 def read_steps(path: str | None) -> list[dict[str, Any]]:
@@ -82,9 +82,8 @@ def calibrate_on_server(
         raise TunerError(f"the calibration run failed: {run.failure or 'no request records'}")
     steps = read_steps((run.details.get("server_steps") or {}).get("trace"))
     config = sim_config_of(run.resolved_config)
-    observed = Observed(
-        trace=as_sent(trace, run.records), steps=steps, config=config, records=run.records
-    )
+    sent, records = as_sent(trace, run.records)
+    observed = Observed(trace=sent, steps=steps, config=config, records=records)
     provenance = Provenance(
         kind="calibrated",
         method="vLLM's per-step log of the designed workload",
@@ -164,7 +163,8 @@ def calibrate_from_study(
         method=f"vLLM's per-step logs of {len(observed)} trials of study {study}",
         vllm_version=", ".join(sorted(versions)),
         model=record.model,
-        hardware=hardware(),
+        # Not this machine's: the trials' servers may have run anywhere (workers).
+        hardware=None,
         date=today(),
         workload=f"study {study}'s trace ({Path(record.trace_path).name}, "
         f"{len(trace.requests)} requests)",

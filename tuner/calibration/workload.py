@@ -83,9 +83,11 @@ def profiling_trace(*, max_model_len: int, max_num_seqs: int, spacing: float = 1
     decoders = min(16, max_num_seqs - 4)
     for _ in range(max(decoders, 1)):
         add("stream", 64, 320, clock)
-    for offset, share in ((0.3, 0.25), (0.6, 0.5), (1.2, 1.0)):
+    # The long prompts come once the streams are all in (a front end takes a burst one
+    # request at a time): the server then sees them in the order they were sent.
+    for offset, share in ((1.0, 0.25), (1.5, 0.5), (2.2, 1.0)):
         add("long", int(longest * share), 4, clock + spacing * offset)
-    clock += spacing * 5
+    clock += spacing * 6
 
     # Long contexts last: a pool smaller than assumed preempts, and the rebuild stops there.
     for batch in batches:
