@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefill_tuner.engines.sim.cost_model import StepShape
+from prefill_tuner.engines.sim.cost_model import StepShape, shape_of
 from prefill_tuner.engines.sim.request import PrefixInterner
 from prefill_tuner.trace.model import Request
 
@@ -239,21 +239,7 @@ def _schedule(
 
 def _shape(plan: list[tuple[Request, _Running, int]]) -> StepShape:
     """The step as the cost model sees it (the simulator's own classification)."""
-    prefill = decode = decode_context = prefill_context = pairs = 0
-    for _, state, tokens in plan:
-        before = state.computed
-        if state.produced > 0 and tokens == 1:
-            decode += 1
-            decode_context += before + 1
-        else:
-            prefill += tokens
-            prefill_context += before + tokens
-            pairs += tokens * before + tokens * (tokens + 1) // 2
-    return StepShape(
-        prefill_tokens=prefill,
-        decode_tokens=decode,
-        requests=len(plan),
-        decode_context_tokens=decode_context,
-        prefill_context_tokens=prefill_context,
-        prefill_attention_pairs=pairs,
+    return shape_of(
+        ((state.computed, tokens, state.produced > 0 and tokens == 1) for _, state, tokens in plan),
+        len(plan),
     )

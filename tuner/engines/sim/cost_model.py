@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -64,6 +65,29 @@ class StepShape(BaseModel):
     """KV tokens the prefill chunks' attention reads (each chunk's context, summed)."""
     prefill_attention_pairs: int = 0
     """Query-key pairs the prefill chunks' causal attention computes."""
+
+
+def shape_of(scheduled: Iterable[tuple[int, int, bool]], requests: int) -> StepShape:
+    """A step's shape from its ``(computed before, tokens, is a decode)`` per scheduled
+    request: a decode reads its context plus the new token; a prefill chunk of ``n`` tokens
+    after ``c`` computed ones reads ``c + n`` and computes ``n·c + n(n+1)/2`` causal pairs."""
+    prefill = decode = decode_context = prefill_context = pairs = 0
+    for before, tokens, decoding in scheduled:
+        if decoding:
+            decode += 1
+            decode_context += before + 1
+        else:
+            prefill += tokens
+            prefill_context += before + tokens
+            pairs += tokens * before + tokens * (tokens + 1) // 2
+    return StepShape(
+        prefill_tokens=prefill,
+        decode_tokens=decode,
+        requests=requests,
+        decode_context_tokens=decode_context,
+        prefill_context_tokens=prefill_context,
+        prefill_attention_pairs=pairs,
+    )
 
 
 class Provenance(BaseModel):

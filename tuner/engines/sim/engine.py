@@ -17,7 +17,7 @@ import numpy as np
 
 from prefill_tuner import __version__
 from prefill_tuner.engines.sim.config import SimConfig
-from prefill_tuner.engines.sim.cost_model import StepModel, StepShape
+from prefill_tuner.engines.sim.cost_model import StepModel, StepShape, shape_of
 from prefill_tuner.engines.sim.request import PrefixInterner, SimRequest, Status
 from prefill_tuner.engines.sim.scheduler import Scheduler, StepPlan
 from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics, summarize_run
@@ -303,25 +303,14 @@ def _emit_run(
 
 
 def _shape(plan: StepPlan) -> StepShape:
-    """Classify the step's tokens for the cost model: a decode is one new token after output."""
-    prefill = decode = decode_context = prefill_context = pairs = 0
+    """Classify the step's tokens for the cost model: a decode is one new token after output
+    (``schedule()`` has already counted the step's tokens as computed)."""
+    items = []
     for request, num_new in plan.scheduled:
         before = request.num_computed - num_new
-        if num_new == 1 and request.num_output > 0 and before == request.num_tokens - 1:
-            decode += 1
-            decode_context += before + 1
-        else:
-            prefill += num_new
-            prefill_context += before + num_new
-            pairs += num_new * before + num_new * (num_new + 1) // 2
-    return StepShape(
-        prefill_tokens=prefill,
-        decode_tokens=decode,
-        requests=len(plan.scheduled),
-        decode_context_tokens=decode_context,
-        prefill_context_tokens=prefill_context,
-        prefill_attention_pairs=pairs,
-    )
+        decoding = num_new == 1 and request.num_output > 0 and before == request.num_tokens - 1
+        items.append((before, num_new, decoding))
+    return shape_of(items, len(plan.scheduled))
 
 
 def _stall_reason(scheduler: Scheduler) -> str:
