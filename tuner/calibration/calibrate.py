@@ -105,6 +105,15 @@ def sim_config_of(resolved: dict[str, Any]) -> SimConfig:
         raise TunerError(f"the server's config does not fit the simulator: {exc}") from None
 
 
+def pool_of(config: SimConfig) -> dict[str, int | float | bool]:
+    """The server's KV pool and context length, as a profile's ``engine_defaults``."""
+    return {
+        "num_gpu_blocks": config.num_gpu_blocks,
+        "block_size": config.block_size,
+        "max_model_len": config.max_model_len,
+    }
+
+
 def scheduling_of(config: SimConfig) -> Scheduling:
     return Scheduling(
         max_num_batched_tokens=config.max_num_batched_tokens,

@@ -14,6 +14,7 @@ from prefill_tuner.calibration.calibrate import (
     Observed,
     calibrate,
     hardware,
+    pool_of,
     sim_config_of,
     today,
 )
@@ -102,11 +103,7 @@ def calibrate_on_server(
         [observed],
         name=name,
         provenance=provenance,
-        engine_defaults={
-            "num_gpu_blocks": config.num_gpu_blocks,
-            "block_size": config.block_size,
-            "max_model_len": config.max_model_len,
-        },
+        engine_defaults=pool_of(config),
     )
 
 
@@ -157,7 +154,6 @@ def calibrate_from_study(
         )
     if on_start is not None:
         on_start(f"fitting to the step logs of {len(observed)} real trials of study {study}…")
-    first = observed[0].config
     provenance = Provenance(
         kind="calibrated",
         method=f"vLLM's per-step logs of {len(observed)} trials of study {study}",
@@ -173,11 +169,7 @@ def calibrate_from_study(
         observed,
         name=name,
         provenance=provenance,
-        engine_defaults={
-            "num_gpu_blocks": first.num_gpu_blocks,
-            "block_size": first.block_size,
-            "max_model_len": first.max_model_len,
-        },
+        engine_defaults=pool_of(observed[0].config),
     )
 
 

@@ -294,11 +294,6 @@ class FittedProfile(BaseModel):
     provenance: Provenance = Field(default_factory=Provenance)
 
     @property
-    def coefficients_ms(self) -> np.ndarray:
-        """Milliseconds per unit of each of :data:`FEATURES`."""
-        return np.array([getattr(self, f"{name}_ms") for name in FEATURES])
-
-    @property
     def request_latency_s(self) -> float:
         return self.request_latency_ms / 1000.0
 
