@@ -52,7 +52,7 @@ def simulated_steps(trace: Trace, config: SimConfig) -> dict[str, object]:
     return {
         "steps": [
             {
-                "start_s": step.start_s,
+                "start_s": round(step.start_s, 6),
                 "scheduled": step.scheduled,
                 "preempted": sorted(step.preempted),
                 "finished": sorted(step.finished),
@@ -76,7 +76,11 @@ def run_reference(
     if completed.returncode != 0:
         tail = completed.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise TunerError(f"vLLM's scheduler driver failed (exit {completed.returncode}): {tail[0]}")
-    return [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+    schedules = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+    for schedule in schedules:  # times to the microsecond, as the simulator's are compared
+        for step in schedule["steps"]:
+            step["start_s"] = round(step["start_s"], 6)
+    return schedules
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.trace.model import Request, Trace
 
 
-def random_scenario(seed: int) -> tuple[Trace, SimConfig]:
+def random_scenario(seed: int, *, async_scheduling: bool = False) -> tuple[Trace, SimConfig]:
+    """Scenario ``seed``: the same requests and settings for either scheduling mode."""
     rng = np.random.default_rng(seed)
     block_size = int(rng.choice([4, 8, 16]))
     trace_block = block_size * int(rng.choice([1, 2]))
@@ -49,6 +50,10 @@ def random_scenario(seed: int) -> tuple[Trace, SimConfig]:
     # From tight (preemption, waiting on KV) to ample.
     needed = -(-longest // block_size)
     num_blocks = int(rng.integers(needed + 2, needed + 40))
+    # vLLM refuses a pool that cannot hold one max_model_len request besides its null block.
+    max_model_len = min(max_model_len, (num_blocks - 1) * block_size)
+    if not chunked:
+        budget = max_model_len
     config = SimConfig(
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
@@ -61,5 +66,6 @@ def random_scenario(seed: int) -> tuple[Trace, SimConfig]:
         block_size=block_size,
         num_gpu_blocks=num_blocks,
         enable_prefix_caching=bool(rng.random() < 0.85),
+        async_scheduling=async_scheduling,
     )
     return Trace(tuple(requests)), config

@@ -53,7 +53,7 @@ def logged_steps(trace: Trace, config: SimConfig, profile=TRUE) -> tuple[list, l
     for step in records:
         for request_id in step.preempted:
             computed[request_id] = 0
-        for request_id, cached in step.admitted.items():
+        for request_id, cached in step.admitted_cached_tokens.items():
             computed[request_id] = cached
         counts = [0, 0, 0, 0]
         prefill = decode = prefill_context = decode_context = pairs = 0

@@ -39,23 +39,27 @@ def assert_identical(runs) -> None:
     assert (fast.peak_kv_blocks, fast.preemptions) == (slow.peak_kv_blocks, slow.preemptions)
 
 
-def test_fast_forward_is_exact_on_real_traces() -> None:
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_fast_forward_is_exact_on_real_traces(async_scheduling: bool) -> None:
     azure = load_trace(str(AZURE), options=ShapeOptions(max_requests=400))
-    assert_identical(both_ways(azure, SimConfig(**H100.engine_defaults)))
+    mode = {"async_scheduling": async_scheduling}
+    assert_identical(both_ways(azure, SimConfig(**{**H100.engine_defaults, **mode})))
     mooncake = load_trace(
         str(MOONCAKE), options=ShapeOptions(rate_scale=0.1, max_model_len=32768, max_requests=150)
     )
     # A small pool, so the decode runs meet KV pressure, preemption and prefix hits.
-    config = SimConfig(**{**H100.engine_defaults, "max_model_len": 32768, "num_gpu_blocks": 2500})
+    config = SimConfig(
+        **{**H100.engine_defaults, "max_model_len": 32768, "num_gpu_blocks": 2500, **mode}
+    )
     runs = both_ways(mooncake, config)
     assert runs[0][0].preemptions > 0 and runs[0][0].prefix_cache_hits > 0
     assert_identical(runs)
 
 
 @settings(max_examples=80)
-@given(st.integers(0, 2**31))
-def test_fast_forward_is_exact_on_random_scenarios(seed: int) -> None:
-    trace, config = random_scenario(seed)
+@given(st.integers(0, 2**31), st.booleans())
+def test_fast_forward_is_exact_on_random_scenarios(seed: int, async_scheduling: bool) -> None:
+    trace, config = random_scenario(seed, async_scheduling=async_scheduling)
     assert_identical(both_ways(trace, config, ConstantProfile(step_ms=7.0)))
     assert_identical(both_ways(trace, config, H100))
 

@@ -7,6 +7,7 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from prefill_tuner.engines.sim import ConstantProfile, SimConfig, StepRecord, simulate
 from prefill_tuner.trace.model import Request, Trace
@@ -17,7 +18,13 @@ ONE_SECOND = ConstantProfile(step_ms=1000.0)
 
 def run(requests: list[Request], **config: object) -> tuple[list[StepRecord], object]:
     steps: list[StepRecord] = []
-    defaults = {"max_model_len": 256, "num_gpu_blocks": 1000, "block_size": 16, "max_num_seqs": 8}
+    defaults = {
+        "max_model_len": 256,
+        "num_gpu_blocks": 1000,
+        "block_size": 16,
+        "max_num_seqs": 8,
+        "async_scheduling": False,
+    }
     result = simulate(
         Trace(tuple(requests)),
         SimConfig(**{**defaults, **config}),
@@ -106,6 +113,7 @@ def test_preemption_takes_the_last_admitted_and_requeues_it_first() -> None:
         max_num_seqs=4,
         block_size=4,
         num_gpu_blocks=5,
+        max_model_len=16,
         enable_prefix_caching=False,
     )
     preempting = next(s for s in steps if s.preempted)
@@ -114,7 +122,9 @@ def test_preemption_takes_the_last_admitted_and_requeues_it_first() -> None:
     assert result.records[1].preemptions >= 1
     assert all(r.completed for r in result.records)
     # b restarts from scratch: prompt plus the outputs it had, recomputed in one chunk.
-    resumed = next(s for s in steps if s.index > preempting.index and "b" in s.admitted)
+    resumed = next(
+        s for s in steps if s.index > preempting.index and "b" in s.admitted_cached_tokens
+    )
     assert resumed.scheduled["b"] > 1
 
 
@@ -125,6 +135,7 @@ def test_reserve_full_isl_waits_instead_of_thrashing() -> None:
         "max_num_seqs": 4,
         "block_size": 4,
         "num_gpu_blocks": 9,
+        "max_model_len": 32,
         "enable_prefix_caching": False,
     }
     _, reserving = run(requests, scheduler_reserve_full_isl=True, **kwargs)
@@ -139,22 +150,46 @@ def test_prefix_hits_skip_shared_blocks() -> None:
     first = Request("x", 0.0, 48, 2, shared, 16)
     second = Request("y", 5.0, 48, 2, shared, 16)
     steps, result = run([first, second], max_num_batched_tokens=64)
-    admitted = next(s for s in steps if "y" in s.admitted)
-    assert admitted.admitted["y"] == 32  # 2 full blocks; the last token is always recomputed
+    admitted = next(s for s in steps if "y" in s.admitted_cached_tokens)
+    assert (
+        admitted.admitted_cached_tokens["y"] == 32
+    )  # 2 full blocks; the last token is always recomputed
     assert admitted.scheduled["y"] == 16
     assert (result.prefix_cache_queries, result.prefix_cache_hits) == (96, 32)
 
 
-def test_a_request_that_can_never_fit_stalls_the_run_with_a_reason() -> None:
-    _, result = run(
-        [Request("huge", 0.0, 100, 2), Request("next", 1.0, 4, 2)],
-        block_size=4,
-        num_gpu_blocks=10,
-        max_num_batched_tokens=64,
+def test_vllm_refuses_a_pool_that_cannot_hold_one_max_model_len_request() -> None:
+    """vLLM 0.32's check_enough_kv_cache_memory: 256 blocks of 16 with max_model_len 4096 is
+    refused (255 usable after the null block), 257 accepted."""
+    with pytest.raises(ValidationError, match=r"max_model_len \(4096\), 256 KV blocks"):
+        SimConfig(num_gpu_blocks=256, block_size=16, max_model_len=4096)
+    assert SimConfig(num_gpu_blocks=257, block_size=16, max_model_len=4096).usable_blocks == 256
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_stall_ends_the_run_only_when_no_arrival_can_change_it(async_scheduling: bool) -> None:
+    """A head request that can never be admitted (only in a pool vLLM would refuse, built
+    unchecked here as vLLM's scheduler can be): the engine keeps polling, so a request
+    arriving later is still seen (and waits behind the head, FCFS) before the run ends."""
+    config = SimConfig.model_construct(
+        **{
+            **SimConfig().model_dump(),
+            "block_size": 4,
+            "num_gpu_blocks": 10,
+            "max_model_len": 128,
+            "max_num_batched_tokens": 64,
+            "max_num_seqs": 4,
+            "async_scheduling": async_scheduling,
+        }
     )
+    steps: list[StepRecord] = []
+    trace = Trace(
+        (Request("small", 0.0, 4, 3), Request("huge", 0.5, 100, 2), Request("next", 9.0, 4, 2))
+    )
+    result = simulate(trace, config, ONE_SECOND, on_step=steps.append)
     assert result.stalled and "huge" in result.stalled and "9 usable" in result.stalled
-    assert [r.error is not None for r in result.records] == [True, True]
-    assert result.metrics.failed == 2
+    assert [r.error is not None for r in result.records] == [False, True, True]
+    assert "next" not in {rid for step in steps for rid in step.scheduled}
 
 
 def test_requests_longer_than_max_model_len_are_rejected() -> None:
@@ -173,13 +208,13 @@ def _check_invariants(trace: Trace, config: SimConfig) -> dict[str, int]:
     for step in steps:
         assert sum(step.scheduled.values()) <= config.max_num_batched_tokens
         assert all(n > 0 for n in step.scheduled.values())
-        assert step.kv_blocks_used <= config.usable_blocks
-        assert step.running <= config.max_num_seqs
+        assert step.kv_blocks_in_use <= config.usable_blocks
+        assert step.running_after <= config.max_num_seqs
         for request_id in step.preempted:
             computed.pop(request_id, None)
         for request_id, n in step.scheduled.items():
-            if request_id in step.admitted:
-                computed[request_id] = step.admitted[request_id]
+            if request_id in step.admitted_cached_tokens:
+                computed[request_id] = step.admitted_cached_tokens[request_id]
             start = computed[request_id]  # contiguous: each chunk starts where the last ended
             prompt, _ = lengths[request_id]
             computed[request_id] = start + n

@@ -1,16 +1,21 @@
 """The simulator schedules exactly as vLLM's own V1 scheduler does, step for step.
 
 Drives vLLM's real ``Scheduler`` class (no model, no GPU) on the same requests through
-``tests/vllm_reference.py`` in a Python that has vLLM: ``$TUNER_VLLM_PYTHON``, or
+``tests/vllm_reference.py``, in two halves over the same 300 random scenarios: the synchronous
+engine loop (as on CPU), and ``AsyncScheduler`` driven by vLLM's own
+``EngineCore.step_with_batch_queue`` (async scheduling, as on GPU); in a Python that has vLLM: ``$TUNER_VLLM_PYTHON``, or
 ``.venv-vllm/bin/python`` as the README's test command installs it. Skipped, with the reason,
 only outside CI; in CI a missing vLLM is a failure.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import pytest
 
-from prefill_tuner.engines.sim import ConstantProfile, simulate
+from prefill_tuner.engines.sim import ConstantProfile, SimConfig, simulate
 from prefill_tuner.trace.model import Request, Trace
 from tests.conftest import vllm_python
 from tests.sim_crosscheck import (
@@ -24,25 +29,38 @@ from tests.sim_scenarios import random_scenario
 SCENARIOS = 300
 
 
-@pytest.fixture(scope="module")
-def random_cases() -> list[tuple[str, Trace, object, dict]]:
+MODES = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+
+
+@functools.cache
+def random_cases(async_scheduling: bool) -> list[tuple[str, Trace, SimConfig, dict]]:
+    """The same random scenarios, run by vLLM's synchronous loop or, with async scheduling,
+    by its ``AsyncScheduler`` in ``EngineCore.step_with_batch_queue`` (once per session)."""
     python = vllm_python()
-    cases = [(f"seed-{seed}", *random_scenario(seed)) for seed in range(SCENARIOS)]
+    cases = [
+        (f"seed-{seed}", *random_scenario(seed, async_scheduling=async_scheduling))
+        for seed in range(SCENARIOS)
+    ]
     references = run_reference(python, [scenario(name, t, c) for name, t, c in cases])
     assert len(references) == len(cases)
     return [(name, t, c, ref) for (name, t, c), ref in zip(cases, references, strict=True)]
 
 
-def test_random_scenarios_match_vllm_step_for_step(random_cases) -> None:
+@MODES
+def test_random_scenarios_match_vllm_step_for_step(async_scheduling: bool) -> None:
+    cases = random_cases(async_scheduling)
     mismatches = [
         str(m)
-        for name, trace, config, reference in random_cases
+        for name, trace, config, reference in cases
         if (m := first_mismatch(name, simulated_steps(trace, config), reference))
     ]
-    assert not mismatches, f"{len(mismatches)} of {len(random_cases)}: {mismatches[:3]}"
+    assert not mismatches, f"{len(mismatches)} of {len(cases)}: {mismatches[:3]}"
+    steps = sum(len(reference["steps"]) for *_, reference in cases)
+    assert steps > 10_000  # about 16,000 in each mode
 
 
-def test_the_scenarios_exercise_every_rule(random_cases) -> None:
+@MODES
+def test_the_scenarios_exercise_every_rule(async_scheduling: bool) -> None:
     """The comparison above is only as strong as what the scenarios make vLLM do."""
     one_second = ConstantProfile(step_ms=1000.0)
     covered = dict.fromkeys(
@@ -59,7 +77,7 @@ def test_the_scenarios_exercise_every_rule(random_cases) -> None:
         ],
         0,
     )
-    for _, trace, config, reference in random_cases:
+    for _, trace, config, reference in random_cases(async_scheduling):
         steps = reference["steps"]
         result = simulate(trace, config, one_second)
         covered["preemption"] += any(step["preempted"] for step in steps)
@@ -77,20 +95,45 @@ def test_the_scenarios_exercise_every_rule(random_cases) -> None:
     assert all(count >= 10 for count in covered.values()), covered
 
 
-def test_stall_matches_vllm() -> None:
-    """A request that can never be admitted: vLLM schedules nothing, forever; so do we."""
-    python = vllm_python()
-    from prefill_tuner.engines.sim.config import SimConfig
+def test_async_scenarios_exercise_what_async_scheduling_changes() -> None:
+    """Async scheduling must schedule differently from the synchronous loop on many of the
+    scenarios (a finished request's slot and blocks held a step longer, a preempted request's
+    token still in flight), or its half of the comparison proves little."""
+    differ = preempted_in_flight = 0
+    for _, trace, config, reference in random_cases(True):
+        steps = reference["steps"]
+        sync = simulated_steps(trace, config.model_copy(update={"async_scheduling": False}))
+        differ += [s["scheduled"] for s in steps] != [s["scheduled"] for s in sync["steps"]]
+        # Preempted while the step before (still computing when it was scheduled) ran it.
+        preempted_in_flight += sum(
+            1
+            for before, step in itertools.pairwise(steps)
+            for rid in step["preempted"]
+            if rid in before["scheduled"]
+        )
+    assert differ >= SCENARIOS // 2, differ
+    assert preempted_in_flight >= 50, preempted_in_flight
 
+
+@MODES
+def test_stall_matches_vllm(async_scheduling: bool) -> None:
+    """A request that can never be admitted (a pool vLLM would refuse to start with, built
+    unchecked): vLLM keeps polling, sees the later arrival, and schedules nothing more
+    forever; the simulator ends the run at the same step, stalled."""
+    python = vllm_python()
     trace = Trace(
-        (Request("small", 0.0, 4, 3), Request("huge", 0.5, 100, 2), Request("after", 0.7, 4, 2))
+        (Request("small", 0.0, 4, 3), Request("huge", 0.5, 100, 2), Request("after", 7.0, 4, 2))
     )
-    config = SimConfig(
-        max_num_batched_tokens=64,
-        max_num_seqs=4,
-        max_model_len=128,
-        block_size=4,
-        num_gpu_blocks=10,
+    config = SimConfig.model_construct(
+        **{
+            **SimConfig().model_dump(),
+            "max_num_batched_tokens": 64,
+            "max_num_seqs": 4,
+            "max_model_len": 128,
+            "block_size": 4,
+            "num_gpu_blocks": 10,
+            "async_scheduling": async_scheduling,
+        }
     )
     (reference,) = run_reference(python, [scenario("stall", trace, config)])
     assert reference["stalled"]

@@ -65,21 +65,22 @@ def test_steps_out_and_json(tune, tmp_path: Path) -> None:
         "start_s",
         "duration_s",
         "scheduled",
-        "admitted",
+        "admitted_cached_tokens",
         "prefill_tokens",
         "decode_tokens",
         "preempted",
         "finished",
-        "running",
-        "waiting",
-        "kv_blocks_used",
+        "running_after",
+        "waiting_after",
+        "kv_blocks_in_use",
     }
     assert first["scheduled"] == {"0": 512, "1": 512, "2": 512, "3": 512}  # ids from the trace
     assert sum(1 for s in steps for _ in s["finished"]) == 40
 
 
 def test_kv_memory_bytes_derives_blocks(tune) -> None:
-    # 1 GiB of KV at 131,072 B/token and 16-token blocks: 512 blocks.
+    # 1 GiB of KV at 131,072 B/token and 16-token blocks: 512 blocks (511 usable: 8,176
+    # tokens, so max_model_len may be at most that, or vLLM would refuse to start).
     code, out, _ = tune(
         "simulate",
         "--trace",
@@ -88,6 +89,8 @@ def test_kv_memory_bytes_derives_blocks(tune) -> None:
         "20",
         "--kv-cache-memory-bytes",
         str(2**30),
+        "--max-model-len",
+        "8176",
         "--json",
     )
     assert code == 0

@@ -47,6 +47,10 @@ class SimConfig(BaseModel):
     """KV blocks in the pool, including the one vLLM reserves (usable: ``num_gpu_blocks - 1``)."""
     enable_prefix_caching: bool = True
     """Reuse the KV blocks of identical full prompt blocks across requests."""
+    async_scheduling: bool = True
+    """Schedule the next step while the current one runs (vLLM's default on GPU; vLLM turns
+    it off on CPU): a finished request frees its slot and KV blocks one step later, and the
+    host's scheduling time hides behind the step in flight."""
 
     @model_validator(mode="after")
     def _mirror_vllm_validation(self) -> SimConfig:
@@ -66,6 +70,18 @@ class SimConfig(BaseModel):
             raise ValueError(
                 f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) must not "
                 f"exceed max_model_len ({self.max_model_len})"
+            )
+        # vLLM's check_enough_kv_cache_memory (vllm/v1/core/kv_cache_utils.py): the pool,
+        # less the null block, must hold one request of max_model_len tokens, or the server
+        # refuses to start.
+        needed = -(-self.max_model_len // self.block_size)
+        if self.usable_blocks < needed:
+            raise ValueError(
+                f"to serve at least one request with max_model_len ({self.max_model_len}), "
+                f"{needed} KV blocks of {self.block_size} tokens are needed besides vLLM's "
+                f"null block, and num_gpu_blocks ({self.num_gpu_blocks}) leaves "
+                f"{self.usable_blocks}: vLLM refuses to start; lower max_model_len to at most "
+                f"{self.usable_blocks * self.block_size} or give more blocks"
             )
         return self
 

@@ -151,6 +151,10 @@ class ConstantProfile(BaseModel):
     def step_seconds(self, shape: StepShape) -> float:
         return self.step_ms / 1000.0
 
+    def host_seconds(self, requests: int) -> float:
+        """Of a step's time, what the host spends outside the device (none here)."""
+        return 0.0
+
     def decode_run_seconds(self, requests: int, first_context: int, steps: int) -> np.ndarray:
         """Durations of ``steps`` consecutive plain decode steps."""
         return np.full(steps, self.step_ms / 1000.0)
@@ -188,6 +192,12 @@ class RooflineProfile(BaseModel):
     request_latency_s: ClassVar[float] = 0.0
     """The roofline counts the engine's steps only, nothing before them."""
     request_interval_s: ClassVar[float] = 0.0
+
+    def host_seconds(self, requests: int) -> float:
+        """None of the estimate is host time: ``overhead_ms`` is the GPU's own gaps (launches,
+        sampling) as a synchronous engine sees them; with no measurement that splits it, async
+        scheduling hides nothing of it."""
+        return 0.0
 
     def step_seconds(self, shape: StepShape) -> float:
         tokens = shape.prefill_tokens + shape.decode_tokens
@@ -300,6 +310,11 @@ class FittedProfile(BaseModel):
     @property
     def request_interval_s(self) -> float:
         return self.request_interval_ms / 1000.0
+
+    def host_seconds(self, requests: int) -> float:
+        """The host's share of a step of ``requests`` requests (``host_ms``,
+        ``host_request_ms``): async scheduling runs it while the previous step computes."""
+        return (self.host_ms + self.host_request_ms * requests) / 1000.0
 
     def step_seconds(self, shape: StepShape) -> float:
         # The order of the plain-decode terms is :meth:`decode_run_seconds`'s (same floats).

@@ -1,15 +1,24 @@
 """The simulation loop: arrivals, scheduler steps, step durations, and what they produce.
 
-Time advances step by step: a step starts when the previous one ends (or, when the engine is
-idle, at the next arrival), schedules what has arrived by then, lasts as long as the cost
-model says, and its sampled tokens are delivered at its end. This is vLLM's synchronous engine
-loop (its CPU mode); on GPU vLLM overlaps scheduling with the step (async scheduling), which
-delays freeing a finished request's blocks by one step.
+Synchronous (vLLM on CPU): a step starts when the previous one's output has been applied (or,
+when the engine is idle, at the next arrival), schedules what has arrived by then, lasts as
+long as the cost model says (device and host time), and its sampled tokens are delivered at
+its end.
+
+Asynchronous (vLLM's default on GPU): the engine core keeps up to two steps in flight
+(``EngineCore.step_with_batch_queue``): it schedules step k+1 and launches it, then waits for
+step k and applies its output, then schedules step k+2, and so on. The device runs the steps
+back to back; the host's share of a step (scheduling, output processing) runs while the
+previous step computes and delays the device only when it is the longer of the two.
+
+Time is kept in integer nanoseconds, so a constant step maps arrivals to steps exactly however
+long the run.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,29 +32,38 @@ from prefill_tuner.engines.sim.scheduler import Scheduler, StepPlan
 from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics, summarize_run
 from prefill_tuner.trace.model import Trace
 
-SIMULATOR_VERSION = f"tuner-sim {__version__} (vLLM V1 scheduler, synchronous)"
+SIMULATOR_VERSION = f"tuner-sim {__version__} (vLLM V1 scheduler, synchronous and async)"
+
+NS = 1_000_000_000
+"""Clock ticks per second."""
 
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One engine step, as the per-step trace (``--steps-out``) writes it."""
+    """One engine step, as the per-step trace (``--steps-out``, ``docs/simulator.md``) writes
+    it. Records come in scheduling order, each once its output has been applied."""
 
     index: int
     start_s: float
+    """When the step started computing."""
     duration_s: float
+    """How long it computed (0 for a step that only preempted: it runs no model, and the next
+    step starts at the same time)."""
     scheduled: dict[str, int]
     """Tokens scheduled per request id, in scheduling order."""
-    admitted: dict[str, int]
-    """Requests admitted this step → prompt tokens served by the prefix cache."""
+    admitted_cached_tokens: dict[str, int]
+    """Requests admitted (or resumed) this step → their tokens served by the prefix cache."""
     prefill_tokens: int
     decode_tokens: int
     preempted: tuple[str, ...]
     finished: tuple[str, ...]
-    running: int
-    """Requests running after the step (finished ones removed)."""
-    waiting: int
-    kv_blocks_used: int
-    """KV blocks in use during the step (before finished requests free theirs)."""
+    """Requests whose last token this step produced."""
+    running_after: int
+    """Requests running once the step's output was applied (its finished ones removed)."""
+    waiting_after: int
+    """Requests waiting at that moment."""
+    kv_blocks_in_use: int
+    """KV blocks allocated while the step computes (its finished requests still hold theirs)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -53,14 +71,14 @@ class StepRecord:
             "start_s": round(self.start_s, 9),
             "duration_s": round(self.duration_s, 9),
             "scheduled": self.scheduled,
-            "admitted": self.admitted,
+            "admitted_cached_tokens": self.admitted_cached_tokens,
             "prefill_tokens": self.prefill_tokens,
             "decode_tokens": self.decode_tokens,
             "preempted": list(self.preempted),
             "finished": list(self.finished),
-            "running": self.running,
-            "waiting": self.waiting,
-            "kv_blocks_used": self.kv_blocks_used,
+            "running_after": self.running_after,
+            "waiting_after": self.waiting_after,
+            "kv_blocks_in_use": self.kv_blocks_in_use,
         }
 
 
@@ -137,71 +155,17 @@ def simulate(
         else:
             accepted.append(request)
 
-    scheduler = Scheduler(config)
-    kv = scheduler.kv
-    ready = _ready_times(accepted, profile.request_latency_s, profile.request_interval_s)
-    clock = ready[0] if accepted else 0.0
-    next_arrival = 0
-    step_index = 0
-    peak_blocks = preemptions = 0
-    stalled: str | None = None
-    while True:
-        while next_arrival < len(accepted) and ready[next_arrival] <= clock:
-            scheduler.add_request(accepted[next_arrival])
-            next_arrival += 1
-        if not scheduler.has_work():
-            if next_arrival >= len(accepted):
-                break
-            clock = ready[next_arrival]
-            continue
-        arrival = ready[next_arrival] if next_arrival < len(accepted) else None
-        run = _decode_run(scheduler, profile, clock, arrival) if fast_forward else None
-        if run is not None:
-            starts, durations, ends = run
-            ids = [r.id for r in scheduler.running] if on_step is not None else []
-            used, finished = scheduler.apply_decode_run(len(ends), ends)
-            peak_blocks = max(peak_blocks, used[-1])
-            if on_step is not None:
-                _emit_run(on_step, scheduler, ids, finished, step_index, starts, durations, used)
-            step_index += len(ends)
-            clock = ends[-1]
-            continue
-        plan = scheduler.schedule()
-        preemptions += len(plan.preempted)
-        if not plan.scheduled and not plan.preempted:
-            stalled = _stall_reason(scheduler)
-            break
-        used = kv.num_used_blocks
-        peak_blocks = max(peak_blocks, used)
-        shape = _shape(plan)
-        # A step that only preempted runs no model: vLLM skips execution when no token is due.
-        duration = profile.step_seconds(shape) if plan.scheduled else 0.0
-        end = clock + duration
-        finished = scheduler.finish_step(plan, end)
-        if on_step is not None:
-            on_step(
-                StepRecord(
-                    index=step_index,
-                    start_s=clock,
-                    duration_s=duration,
-                    scheduled={r.id: n for r, n in plan.scheduled},
-                    admitted=plan.admitted,
-                    prefill_tokens=shape.prefill_tokens,
-                    decode_tokens=shape.decode_tokens,
-                    preempted=tuple(r.id for r in plan.preempted),
-                    finished=tuple(r.id for r in finished),
-                    running=len(scheduler.running),
-                    waiting=len(scheduler.waiting),
-                    kv_blocks_used=used,
-                )
-            )
-        step_index += 1
-        clock = end
+    loop = _Loop(config, profile, accepted, on_step, fast_forward)
+    if config.async_scheduling:
+        loop.run_async()
+    else:
+        loop.run_sync()
 
-    if stalled:
+    scheduler = loop.scheduler
+    if loop.stalled:
         for request in requests:
             if request.status not in (Status.FINISHED, Status.REJECTED):
-                errors[request.index] = "stalled: " + stalled
+                errors[request.index] = "stalled: " + loop.stalled
     records = [
         RequestRecord(
             id=r.id,
@@ -218,102 +182,331 @@ def simulate(
         profile=profile.name,
         records=records,
         metrics=summarize_run(records),
-        steps=step_index,
-        peak_kv_blocks=peak_blocks,
+        steps=loop.step_index,
+        peak_kv_blocks=loop.peak_blocks,
         usable_kv_blocks=config.usable_blocks,
-        preemptions=preemptions,
+        preemptions=loop.preemptions,
         wall_s=time.perf_counter() - started,
         prefix_cache_queries=scheduler.prefix_queries,
         prefix_cache_hits=scheduler.prefix_hits,
-        stalled=stalled,
+        stalled=loop.stalled,
     )
-
-
-def _ready_times(requests: list[SimRequest], latency: float, interval: float) -> list[float]:
-    """When the scheduler sees each request: ``latency`` after its send, and ``interval``
-    after the one before at the soonest (the server's front end takes them one by one)."""
-    ready: list[float] = []
-    previous = float("-inf")
-    for request in requests:
-        previous = max(request.arrival_s + latency, previous + interval)
-        ready.append(previous)
-    return ready
 
 
 MIN_DECODE_RUN = 4
 """Shorter runs of plain decode steps are cheaper to schedule one by one."""
 
 
-def _decode_run(
-    scheduler: Scheduler,
-    profile: StepModel,
-    clock: float,
-    next_arrival_s: float | None,
-) -> tuple[list[float], list[float], list[float]] | None:
-    """Start times, durations and end times of the plain decode steps that start now, up to
-    the next arrival; ``None`` when fewer than :data:`MIN_DECODE_RUN`."""
-    limit = scheduler.decode_run_limit()
-    if limit < MIN_DECODE_RUN:
-        return None
-    running = scheduler.running
-    context = sum(r.num_computed + 1 for r in running)
-    durations = profile.decode_run_seconds(len(running), context, limit)
-    # Sequential float additions, exactly as the step-by-step loop accumulates its clock.
-    times = np.cumsum(np.concatenate(([clock], durations)))
-    steps = limit
-    if next_arrival_s is not None:
-        # A step starting at or after the next arrival would admit it: stop before it.
-        steps = min(steps, int(np.searchsorted(times[:-1], next_arrival_s, side="left")))
-    if steps < MIN_DECODE_RUN:
-        return None
-    return times[:steps].tolist(), durations[:steps].tolist(), times[1 : steps + 1].tolist()
+@dataclass(slots=True)
+class _InFlight:
+    """A scheduled step whose output is not applied yet."""
+
+    index: int
+    plan: StepPlan
+    shape: StepShape
+    start: int
+    end: int
+    kv_blocks: int
 
 
-def _emit_run(
-    on_step: Callable[[StepRecord], None],
-    scheduler: Scheduler,
-    ids: list[str],
-    finished: list[SimRequest],
-    first_index: int,
-    starts: list[float],
-    durations: list[float],
-    used: list[int],
-) -> None:
-    """The per-step records of a fast-forwarded run, as stepping would have produced them."""
-    waiting = len(scheduler.waiting)
-    last = len(starts) - 1
-    for offset, (start, duration, blocks) in enumerate(zip(starts, durations, used, strict=True)):
-        done = offset == last and finished
-        on_step(
+class _Loop:
+    """The engine core's loop around the scheduler, with its clock (integer nanoseconds)."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        profile: StepModel,
+        accepted: list[SimRequest],
+        on_step: Callable[[StepRecord], None] | None,
+        fast_forward: bool,
+    ) -> None:
+        self.config = config
+        self.profile = profile
+        self.accepted = accepted
+        self.on_step = on_step
+        self.fast_forward = fast_forward
+        self.scheduler = Scheduler(config)
+        self.ready = _ready_times(
+            accepted, _ns(profile.request_latency_s), _ns(profile.request_interval_s)
+        )
+        self.next_arrival = 0
+        self.step_index = 0
+        self.peak_blocks = 0
+        self.preemptions = 0
+        self.stalled: str | None = None
+
+    def _admit_arrivals(self, now: int) -> None:
+        """Hand the scheduler every request that reached it by ``now``."""
+        ready, accepted, scheduler = self.ready, self.accepted, self.scheduler
+        while self.next_arrival < len(accepted) and ready[self.next_arrival] <= now:
+            scheduler.add_request(accepted[self.next_arrival])
+            self.next_arrival += 1
+
+    def _upcoming(self) -> int | None:
+        """When the next request reaches the scheduler, if one is still to come."""
+        return self.ready[self.next_arrival] if self.next_arrival < len(self.accepted) else None
+
+    def _schedule(self) -> StepPlan | None:
+        """One ``schedule()`` call; ``None`` when it did nothing at all (nothing can change
+        until a request arrives or a step in flight returns)."""
+        plan = self.scheduler.schedule()
+        if not plan.scheduled and not plan.preempted:
+            return None
+        self.preemptions += len(plan.preempted)
+        self.peak_blocks = max(self.peak_blocks, self.scheduler.kv.num_used_blocks)
+        return plan
+
+    def _stall(self) -> None:
+        self.stalled = _stall_reason(self.scheduler)
+
+    def _emit(self, step: _InFlight, finished: list[SimRequest]) -> None:
+        if self.on_step is None:
+            return
+        scheduler, plan, shape = self.scheduler, step.plan, step.shape
+        self.on_step(
             StepRecord(
-                index=first_index + offset,
-                start_s=start,
-                duration_s=duration,
-                scheduled=dict.fromkeys(ids, 1),
-                admitted={},
-                prefill_tokens=0,
-                decode_tokens=len(ids),
-                preempted=(),
-                finished=tuple(r.id for r in finished) if done else (),
-                running=len(ids) - len(finished) if done else len(ids),
-                waiting=waiting,
-                kv_blocks_used=blocks,
+                index=step.index,
+                start_s=step.start / NS,
+                duration_s=(step.end - step.start) / NS,
+                scheduled={r.id: n for r, n in plan.scheduled},
+                admitted_cached_tokens=plan.admitted,
+                prefill_tokens=shape.prefill_tokens,
+                decode_tokens=shape.decode_tokens,
+                preempted=tuple(r.id for r in plan.preempted),
+                finished=tuple(r.id for r in finished),
+                running_after=len(scheduler.running),
+                waiting_after=len(scheduler.waiting),
+                kv_blocks_in_use=step.kv_blocks,
             )
         )
 
+    def run_sync(self) -> None:
+        """vLLM's ``EngineCore.step``: schedule, execute, apply the output, repeat."""
+        scheduler, profile = self.scheduler, self.profile
+        clock = self.ready[0] if self.accepted else 0
+        while True:
+            self._admit_arrivals(clock)
+            arrival = self._upcoming()
+            if not scheduler.has_work():
+                if arrival is None:
+                    return
+                clock = arrival
+                continue
+            if self.fast_forward and (run := self._sync_decode_run(clock, arrival)) is not None:
+                clock = run
+                continue
+            plan = self._schedule()
+            if plan is None:
+                if arrival is None:  # nothing left that could change the scheduler's mind
+                    self._stall()
+                    return
+                clock = arrival  # an arrival can unblock it (e.g. the threshold then applies)
+                continue
+            shape = _shape(plan)
+            # A step that only preempted runs no model: vLLM skips execution with no tokens.
+            end = clock + (_ns(profile.step_seconds(shape)) if plan.scheduled else 0)
+            step = _InFlight(self.step_index, plan, shape, clock, end, scheduler.kv.num_used_blocks)
+            self.step_index += 1
+            self._emit(step, scheduler.finish_step(plan, end / NS))
+            clock = end
+
+    def run_async(self) -> None:
+        """vLLM's ``EngineCore.step_with_batch_queue`` with two batches in flight: schedule
+        and launch a step, and only when two are in flight (or nothing more can be
+        scheduled) wait for the older one and apply its output."""
+        scheduler, profile = self.scheduler, self.profile
+        queue: deque[_InFlight] = deque()
+        host = self.ready[0] if self.accepted else 0  # the engine core's clock
+        device_free = 0  # when the device finishes the last step launched
+        while True:
+            self._admit_arrivals(host)
+            if scheduler.has_work():
+                if self.fast_forward and len(queue) == 1 and queue[0].plan.scheduled:
+                    run = self._async_decode_run(queue, host)
+                    if run is not None:
+                        host, device_free = run
+                        continue
+                plan = self._schedule()
+                if plan is not None:
+                    shape = _shape(plan)
+                    if plan.scheduled:
+                        total = _ns(profile.step_seconds(shape))
+                        host_part = _ns(profile.host_seconds(len(plan.scheduled)))
+                        host += host_part
+                        start = max(device_free, host)
+                        end = device_free = start + total - host_part
+                    else:
+                        start = end = host
+                    queue.append(
+                        _InFlight(
+                            self.step_index, plan, shape, start, end, scheduler.kv.num_used_blocks
+                        )
+                    )
+                    self.step_index += 1
+                    if len(queue) < 2:
+                        continue
+                elif not queue:
+                    arrival = self._upcoming()
+                    if arrival is None:
+                        self._stall()
+                        return
+                    host = arrival
+                    continue
+            elif not queue:
+                arrival = self._upcoming()
+                if arrival is None:
+                    return
+                host = arrival
+                continue
+            step = queue.popleft()
+            host = max(host, step.end)
+            self._emit(step, scheduler.finish_step(step.plan, step.end / NS))
+
+    def _decode_durations(self, limit: int) -> np.ndarray:
+        """Total (device and host) time, in ticks, of the next ``limit`` plain decode steps."""
+        running = self.scheduler.running
+        context = sum(r.num_computed + 1 for r in running)
+        seconds = self.profile.decode_run_seconds(len(running), context, limit)
+        return np.rint(seconds * NS).astype(np.int64)
+
+    def _sync_decode_run(self, clock: int, arrival: int | None) -> int | None:
+        """Apply the plain decode steps that start now, up to the next arrival, in one go;
+        returns the clock after them, or ``None`` when fewer than :data:`MIN_DECODE_RUN`."""
+        scheduler = self.scheduler
+        limit = scheduler.decode_run_limit()
+        if limit < MIN_DECODE_RUN:
+            return None
+        durations = self._decode_durations(limit)
+        times = clock + np.concatenate(([0], np.cumsum(durations)))
+        steps = limit
+        if arrival is not None:
+            # A step starting at or after the next arrival would admit it: stop before it.
+            steps = min(steps, int(np.searchsorted(times[:-1], arrival, side="left")))
+        if steps < MIN_DECODE_RUN:
+            return None
+        starts, ends = times[:steps].tolist(), times[1 : steps + 1].tolist()
+        ids = [r.id for r in scheduler.running] if self.on_step is not None else []
+        used, finished = scheduler.apply_decode_run(steps, [end / NS for end in ends])
+        self.peak_blocks = max(self.peak_blocks, used[-1])
+        self._emit_run(ids, starts, ends, used, finished)
+        return ends[-1]
+
+    def _async_decode_run(self, queue: deque[_InFlight], host: int) -> tuple[int, int] | None:
+        """The async counterpart: with one step in flight (every running request's next
+        token), schedule the plain decode steps that follow, applying each step's
+        predecessor as the engine core would. Returns the host clock and the device's free
+        time after them, or ``None`` when fewer than :data:`MIN_DECODE_RUN`."""
+        scheduler, profile = self.scheduler, self.profile
+        limit = scheduler.decode_run_limit()
+        if limit < MIN_DECODE_RUN:
+            return None
+        count = len(scheduler.running)
+        host_part = _ns(profile.host_seconds(count))
+        totals = self._decode_durations(limit).tolist()
+        arrival = self._upcoming()
+        previous = queue[0]
+        previous_end = device_free = previous.end
+        starts: list[int] = []
+        ends: list[int] = []
+        for total in totals:
+            if starts and arrival is not None and arrival <= host:
+                break  # this step's schedule() would see the arrival
+            launch = host + host_part
+            start = max(device_free, launch)
+            device_free = start + total - host_part
+            starts.append(start)
+            ends.append(device_free)
+            host = max(launch, previous_end)  # waits for, then applies, the step before
+            previous_end = device_free
+        steps = len(starts)
+        if steps < MIN_DECODE_RUN:
+            return None
+        queue.popleft()
+        ids = [r.id for r in scheduler.running] if self.on_step is not None else []
+        arrived = [previous.end, *ends[:-1]]
+        used, _ = scheduler.apply_decode_run(steps, [end / NS for end in arrived])
+        self.peak_blocks = max(self.peak_blocks, used[-1])
+        self._emit(previous, [])
+        self._emit_run(ids, starts[:-1], ends[:-1], used[:-1], [])
+        last = StepPlan(scheduled=[(r, 1) for r in scheduler.running], samples=[True] * count)
+        queue.append(
+            _InFlight(
+                self.step_index,
+                last,
+                StepShape(decode_tokens=count, requests=count),
+                starts[-1],
+                ends[-1],
+                used[-1],
+            )
+        )
+        self.step_index += 1
+        return host, device_free
+
+    def _emit_run(
+        self,
+        ids: list[str],
+        starts: list[int],
+        ends: list[int],
+        used: list[int],
+        finished: list[SimRequest],
+    ) -> None:
+        """The per-step records of a fast-forwarded run, as stepping would have produced
+        them (the last step's output finishes ``finished``)."""
+        first = self.step_index
+        self.step_index += len(starts)
+        if self.on_step is None:
+            return
+        waiting = len(self.scheduler.waiting)
+        last = len(starts) - 1
+        for offset, (start, end, blocks) in enumerate(zip(starts, ends, used, strict=True)):
+            done = offset == last and finished
+            self.on_step(
+                StepRecord(
+                    index=first + offset,
+                    start_s=start / NS,
+                    duration_s=(end - start) / NS,
+                    scheduled=dict.fromkeys(ids, 1),
+                    admitted_cached_tokens={},
+                    prefill_tokens=0,
+                    decode_tokens=len(ids),
+                    preempted=(),
+                    finished=tuple(r.id for r in finished) if done else (),
+                    running_after=len(ids) - len(finished) if done else len(ids),
+                    waiting_after=waiting,
+                    kv_blocks_in_use=blocks,
+                )
+            )
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * NS)
+
+
+def _ready_times(requests: list[SimRequest], latency: int, interval: int) -> list[int]:
+    """When the scheduler sees each request: ``latency`` after its send, and ``interval``
+    after the one before at the soonest (the server's front end takes them one by one)."""
+    ready: list[int] = []
+    previous: int | None = None
+    for request in requests:
+        arrival = _ns(request.arrival_s) + latency
+        previous = arrival if previous is None else max(arrival, previous + interval)
+        ready.append(previous)
+    return ready
+
 
 def _shape(plan: StepPlan) -> StepShape:
-    """Classify the step's tokens for the cost model: a decode is one new token after output
-    (``schedule()`` has already counted the step's tokens as computed)."""
+    """Classify the step's tokens for the cost model: a decode is one sampled token fed
+    after the prompt (``schedule()`` has already counted the step's tokens as computed)."""
     items = []
-    for request, num_new in plan.scheduled:
+    for (request, num_new), sample in zip(plan.scheduled, plan.samples, strict=True):
         before = request.num_computed - num_new
-        decoding = num_new == 1 and request.num_output > 0 and before == request.num_tokens - 1
-        items.append((before, num_new, decoding))
+        items.append((before, num_new, num_new == 1 and sample and before >= request.prompt))
     return shape_of(items, len(plan.scheduled))
 
 
 def _stall_reason(scheduler: Scheduler) -> str:
+    if not scheduler.waiting:
+        return f"{len(scheduler.running)} running request(s) can never be scheduled"
     head = scheduler.waiting[0]
     need = -(-head.num_tokens // scheduler.config.block_size)
     return (

@@ -51,15 +51,18 @@ class SimRequest:
         "blocks",
         "chain",
         "id",
+        "in_flight",
         "index",
         "max_tokens",
         "num_cached_blocks",
         "num_computed",
         "num_output",
         "num_tokens",
+        "placeholders",
         "preemptions",
         "prompt",
         "shared_tokens",
+        "stale",
         "status",
         "token_times",
         "trace_block_size",
@@ -75,6 +78,15 @@ class SimRequest:
         self.num_output = 0
         self.num_tokens = self.prompt
         """Prompt plus the output tokens generated so far (vLLM's ``num_tokens``)."""
+        self.placeholders = 0
+        """Tokens steps in flight will sample (vLLM's ``num_output_placeholders``; async
+        scheduling only)."""
+        self.in_flight = 0
+        """Tokens scheduled in steps whose output is not yet applied (async only)."""
+        self.stale = 0
+        """Of those, tokens scheduled before a preemption: their output still arrives (and is
+        delivered) but must not move the request's counters (vLLM's
+        ``num_stale_output_tokens``); the request is not resumed until it drains."""
         self.status = Status.WAITING
         self.blocks: list[int] = []
         self.num_cached_blocks = 0

@@ -18,6 +18,19 @@ The rules, in the order vLLM applies them:
 4. Progress is counted when scheduled. A request whose computed tokens reach its length after
    the step samples a token (so only a prompt's last chunk produces the first token); it
    finishes at ``max_tokens`` (or ``max_model_len``) and frees its blocks before the next step.
+
+With ``async_scheduling`` (vLLM's ``AsyncScheduler``, ``vllm/v1/core/sched/async_scheduler.py``)
+the engine schedules step k+1 before step k's output is applied, so:
+
+5. A step that will sample a request's token leaves a *placeholder*: the next step already
+   feeds that (unknown) token, and a request whose steps in flight will complete it is not
+   scheduled again. Its output, when applied, replaces the placeholder.
+6. A request finishes, and frees its running slot and KV blocks, only when the step that
+   sampled its last token is applied: after the next step was scheduled.
+7. A preempted request's steps in flight still deliver their tokens (they are *stale*: they
+   move no counters), and it is not resumed until they have (later waiting requests are
+   admitted past it meanwhile). Full blocks are cached when scheduled only up to the tokens
+   known, and the rest when the output arrives.
 """
 
 from __future__ import annotations
@@ -36,6 +49,8 @@ class StepPlan:
 
     scheduled: list[tuple[SimRequest, int]] = field(default_factory=list)
     """(request, tokens) in scheduling order: running requests first, then admissions."""
+    samples: list[bool] = field(default_factory=list)
+    """Per scheduled request: the step samples a token for it (its prefill is complete)."""
     preempted: list[SimRequest] = field(default_factory=list)
     admitted: dict[str, int] = field(default_factory=dict)
     """Requests admitted from the waiting queue → tokens already computed (prefix hit)."""
@@ -60,6 +75,8 @@ class Scheduler:
         every repeated lookup of a request that waits, and resumed requests)."""
         self.prefix_hits = 0
         """Of those, tokens served by the prefix cache."""
+        self.num_stale = 0
+        """Preempted requests whose stale output is still in flight (async scheduling)."""
 
     def add_request(self, request: SimRequest) -> None:
         self.waiting.append(request)
@@ -83,16 +100,21 @@ class Scheduler:
         while index < len(running) and budget > 0:
             request = running[index]
             computed = request.num_computed
-            num_new = request.num_tokens - computed
+            placeholders = request.placeholders
+            if placeholders and computed + 2 - placeholders >= request.prompt + request.max_tokens:
+                index += 1  # async: the steps in flight sample its last token
+                continue
+            num_new = request.num_tokens + placeholders - computed
             if (
                 num_new == 1
                 and computed < len(request.blocks) * block_size
                 and computed + 2 <= max_model_len
             ):
                 # Fast path for the common decode: its slot is already allocated, so vLLM's
-                # allocate_slots can only succeed and at most register a just-filled block.
-                if caching and (computed + 1) % block_size == 0:
-                    kv.cache_full_blocks(request, computed + 1)
+                # allocate_slots can only succeed and at most register a just-filled block
+                # (up to the tokens known: ``num_tokens``, placeholders excluded).
+                if caching and request.num_tokens // block_size > request.num_cached_blocks:
+                    kv.cache_full_blocks(request, request.num_tokens)
                 plan.scheduled.append((request, 1))
                 budget -= 1
                 index += 1
@@ -118,8 +140,13 @@ class Scheduler:
             index += 1
 
         if not plan.preempted:
+            skipped: list[SimRequest] = []
             while budget > 0 and waiting and len(running) < config.max_num_seqs:
                 request = waiting[0]
+                if request.stale:
+                    # Async: output of a step it ran before its preemption is still to come.
+                    skipped.append(waiting.popleft())
+                    continue
                 hit_blocks = (
                     kv.computed_blocks(request) if request.num_computed == 0 and caching else []
                 )
@@ -148,9 +175,22 @@ class Scheduler:
                     self.prefix_hits += num_computed
                 plan.scheduled.append((request, num_new))
                 budget -= num_new
+            if skipped:
+                waiting.extendleft(reversed(skipped))  # back at the front, in order
 
-        for request, num_new in plan.scheduled:
-            request.num_computed += num_new
+        samples = plan.samples
+        if config.async_scheduling:
+            for request, num_new in plan.scheduled:
+                request.num_computed += num_new
+                request.in_flight += num_new
+                sample = request.num_computed >= request.num_tokens + request.placeholders
+                if sample:
+                    request.placeholders += 1
+                samples.append(sample)
+        else:
+            for request, num_new in plan.scheduled:
+                request.num_computed += num_new
+                samples.append(request.num_computed >= request.num_tokens)
         return plan
 
     def decode_run_limit(self) -> int:
@@ -169,10 +209,20 @@ class Scheduler:
         if not count or count > config.max_num_batched_tokens:
             return 0
         steps = config.max_model_len
-        for request in running:
-            if request.num_computed != request.num_tokens - 1 or not request.num_output:
-                return 0  # still prefilling (a last 1-token chunk is a prefill, not a decode)
-            steps = min(steps, request.max_tokens - request.num_output)
+        if config.async_scheduling:
+            # Each request has exactly its next token in flight (the step before the run),
+            # and that is not its last one.
+            for request in running:
+                if request.placeholders != 1 or request.num_computed != request.num_tokens:
+                    return 0
+                steps = min(steps, request.max_tokens - request.num_output - 1)
+            if self.num_stale:
+                return 0  # a waiting request becomes resumable when its stale output lands
+        else:
+            for request in running:
+                if request.num_computed != request.num_tokens - 1 or not request.num_output:
+                    return 0  # still prefilling (a last 1-token chunk is not a decode)
+                steps = min(steps, request.max_tokens - request.num_output)
         if steps <= 0 or (self.waiting and not self._head_blocked(count)):
             return 0
         size = config.block_size
@@ -220,10 +270,13 @@ class Scheduler:
     def apply_decode_run(
         self, steps: int, token_times: list[float]
     ) -> tuple[list[int], list[SimRequest]]:
-        """Apply ``steps`` plain decode steps (as :meth:`decode_run_limit` allowed) whose
-        tokens arrive at ``token_times``. Returns the KV blocks in use during each step, and
-        the requests that finished in the last step (their blocks freed, as after any step)."""
+        """Apply ``steps`` plain decode steps (as :meth:`decode_run_limit` allowed) and the
+        ``len(token_times)`` outputs that arrive meanwhile (synchronous: each step's own;
+        async: the step in flight before the run and all but the run's last). Returns the
+        KV blocks in use during each step, and the requests that finished (their blocks
+        freed, as after any step applied; never any in async, whose run stops first)."""
         kv, size, running = self.kv, self.config.block_size, self.running
+        lag = 1 if self.config.async_scheduling else 0  # the last step's token is in flight
         used = [0] * steps
         start_used = kv.num_used_blocks
         finished: list[SimRequest] = []
@@ -236,10 +289,12 @@ class Scheduler:
                 for step in range(first, steps, size):
                     used[step] += 1
             request.num_computed = computed + steps
+            if lag:
+                request.in_flight = 1  # the run's last step (the one before it has landed)
             request.add_outputs(steps)
             request.token_times.extend(token_times)
             if kv.enable_caching:
-                kv.cache_full_blocks(request, computed + steps)
+                kv.cache_full_blocks(request, computed + steps - lag)
             if request.num_output >= request.max_tokens:
                 finished.append(request)
         total = start_used
@@ -251,24 +306,56 @@ class Scheduler:
         return used, finished
 
     def _preempt(self, request: SimRequest) -> None:
-        """Recompute preemption: free everything, restart from the front of the queue."""
+        """Recompute preemption: free everything, restart from the front of the queue. Under
+        async scheduling its tokens in flight become stale (vLLM's ``_preempt_request``)."""
         self.kv.free(request)
         request.status = Status.PREEMPTED
         request.num_computed = 0
         request.preemptions += 1
+        if request.in_flight:
+            if not request.stale:
+                self.num_stale += 1
+            request.stale = request.in_flight
+        request.placeholders = 0
         self.waiting.appendleft(request)
 
     def finish_step(self, plan: StepPlan, end_s: float) -> list[SimRequest]:
         """Apply the step's outputs at ``end_s`` (vLLM's ``update_from_output``): a sampled
-        token for every request whose prefill is complete; finished requests free their
-        blocks. Returns the finished requests."""
+        token for every request whose prefill was complete when scheduled; finished requests
+        free their blocks. Returns the finished requests."""
         finished: list[SimRequest] = []
         max_model_len = self.config.max_model_len
-        for request, _ in plan.scheduled:
-            if request.status is not Status.RUNNING or request.num_computed < request.num_tokens:
-                continue  # preempted later in the same step, or a partial prefill chunk
-            request.add_outputs(1)
+        if not self.config.async_scheduling:
+            for (request, _), sample in zip(plan.scheduled, plan.samples, strict=True):
+                if sample:
+                    request.add_outputs(1)
+                    request.token_times.append(end_s)
+                    if (
+                        request.num_output >= request.max_tokens
+                        or request.num_tokens >= max_model_len
+                    ):
+                        finished.append(request)
+            if finished:
+                self._retire(finished)
+            return finished
+        caching = self.kv.enable_caching
+        for (request, num_new), sample in zip(plan.scheduled, plan.samples, strict=True):
+            if request.status is Status.FINISHED:
+                continue
+            request.in_flight -= num_new
+            stale = request.stale > 0
+            if stale:
+                request.stale -= num_new
+                if not request.stale:
+                    self.num_stale -= 1
+            if not sample:
+                continue
+            request.add_outputs(1)  # a stale token is delivered all the same
             request.token_times.append(end_s)
+            if not stale:
+                request.placeholders -= 1
+            if caching and request.status is Status.RUNNING:
+                self.kv.cache_full_blocks(request, request.num_computed - request.placeholders)
             if request.num_output >= request.max_tokens or request.num_tokens >= max_model_len:
                 finished.append(request)
         if finished:
@@ -276,9 +363,12 @@ class Scheduler:
         return finished
 
     def _retire(self, finished: list[SimRequest]) -> None:
-        """Remove finished requests from the running list and free their blocks, in order."""
+        """Remove finished requests from the running list (or, a preempted one whose stale
+        output finished it, from the waiting queue) and free their blocks, in order."""
         done = {id(request) for request in finished}
         self.running = [r for r in self.running if id(r) not in done]
+        if any(request.status is not Status.RUNNING for request in finished):
+            self.waiting = deque(r for r in self.waiting if id(r) not in done)
         for request in finished:
             request.status = Status.FINISHED
             self.kv.free(request)
