@@ -25,6 +25,8 @@ class Knob:
     description: str = ""
     v0_only: bool = False
     """Honoured only by vLLM's V0 engine."""
+    searched_by_default: bool = True
+    """False: searched only when ``--space`` names it (its engine default stands otherwise)."""
 
     @property
     def flag(self) -> str:
@@ -58,6 +60,14 @@ KNOBS: dict[str, Knob] = {
             "scheduler_reserve_full_isl",
             "bool",
             description="Admit only when the whole prompt fits in free KV blocks.",
+        ),
+        Knob(
+            "async_scheduling",
+            "bool",
+            description="Schedule the next step while one runs: hides host time from TPOT, "
+            "admits arrivals a step later (TTFT). Measured, not searched unless asked "
+            "(docs/simulator.md).",
+            searched_by_default=False,
         ),
         Knob(
             "max_num_partial_prefills",

@@ -36,6 +36,9 @@ class EngineCapabilities:
     """Flags the engine's own argument parser accepts; ``None`` when not probed (V1 set)."""
     honours_v0_partial_prefill: bool = False
     """Whether the engine enforces V0's partial-prefill limits."""
+    honours_async_scheduling: bool = True
+    """Whether the engine can schedule asynchronously (vLLM on CPU always resolves
+    ``async_scheduling`` to false, whatever the flag says)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +211,11 @@ def knob_availability(knob: Knob, capabilities: EngineCapabilities) -> str | Non
             "a V0-engine limit: never enforced by vLLM's V1 engine, removed from vLLM in 2026 "
             f"(newer versions refuse the flag); the {capabilities.engine} engine runs V1"
         )
+    if knob.name == "async_scheduling" and not capabilities.honours_async_scheduling:
+        return (
+            f"{capabilities.engine} {capabilities.version} always schedules synchronously "
+            "here (vLLM resolves async_scheduling to false on CPU)"
+        )
     flags = capabilities.accepted_flags
     if flags is not None and knob.flag not in flags:
         return f"{capabilities.engine} {capabilities.version} does not accept {knob.flag}"
@@ -238,7 +246,7 @@ def build_space(
                 raise TunerError(f"{name}: cannot be tuned or set here: {reason}")
             dropped.append(Dropped(name, reason))
             continue
-        if name in fixed:
+        if name in fixed or (not knob.searched_by_default and name not in overrides):
             continue
         ranges[name] = _range(knob, overrides.get(name))
     return SearchSpace(ranges=ranges, fixed=fixed, dropped=tuple(dropped))

@@ -125,6 +125,7 @@ def test_a_rebuilt_step_is_the_step_the_simulator_ran(seed: int) -> None:
 def test_the_designed_workload_rebuilds_completely_with_its_prefix_cache() -> None:
     trace = profiling_trace(max_model_len=4096, max_num_seqs=128)
     config = SimConfig(
+        async_scheduling=False,
         max_num_batched_tokens=2048,
         max_num_seqs=128,
         max_model_len=4096,
@@ -149,6 +150,7 @@ def test_the_designed_workload_rebuilds_completely_with_its_prefix_cache() -> No
 def test_the_fit_recovers_the_model_that_made_the_steps() -> None:
     trace = profiling_trace(max_model_len=4096, max_num_seqs=128)
     config = SimConfig(
+        async_scheduling=False,
         max_num_batched_tokens=1024,
         max_num_seqs=128,
         max_model_len=4096,
@@ -173,7 +175,9 @@ def test_the_fit_recovers_the_model_that_made_the_steps() -> None:
 def test_the_front_end_fit_finds_the_latency() -> None:
     truth = TRUE.model_copy(update={"request_latency_ms": 12.0})
     trace = profiling_trace(max_model_len=2048, max_num_seqs=64)
-    config = SimConfig(max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=2048)
+    config = SimConfig(
+        async_scheduling=False, max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=2048
+    )
     real = simulate(trace, config, truth)
     observed = Observed(trace=trace, steps=[], config=config, records=real.records)
     fitted, error = fit_frontend(TRUE, [observed])
@@ -184,7 +188,9 @@ def test_the_front_end_fit_finds_the_latency() -> None:
 
 def test_a_front_end_spreads_a_burst_and_delays_first_tokens() -> None:
     burst = Trace(tuple(Request(f"r{i}", 0.0, 32, 4) for i in range(8)))
-    config = SimConfig(max_num_batched_tokens=512, max_num_seqs=8, max_model_len=256)
+    config = SimConfig(
+        async_scheduling=False, max_num_batched_tokens=512, max_num_seqs=8, max_model_len=256
+    )
     plain = simulate(burst, config, TRUE)
     spaced = simulate(
         burst, config, TRUE.model_copy(update={"request_latency_ms": 10, "request_interval_ms": 5})
@@ -205,7 +211,9 @@ def test_fast_forward_stays_exact_with_a_fitted_profile() -> None:
 
 def test_calibrate_refuses_too_few_steps() -> None:
     trace = Trace((Request("a", 0.0, 16, 3),))
-    config = SimConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=128)
+    config = SimConfig(
+        async_scheduling=False, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=128
+    )
     logs, _, _ = logged_steps(trace, config)
     with pytest.raises(TunerError, match="only 3 of 3 logged steps could be rebuilt"):
         calibrate(
@@ -225,7 +233,9 @@ def test_calibrate_refuses_too_few_steps() -> None:
 
 def test_a_calibration_without_log_times_says_host_time_is_missing(tmp_path: Path) -> None:
     trace = profiling_trace(max_model_len=1024, max_num_seqs=32)
-    config = SimConfig(max_num_batched_tokens=512, max_num_seqs=32, max_model_len=1024)
+    config = SimConfig(
+        async_scheduling=False, max_num_batched_tokens=512, max_num_seqs=32, max_model_len=1024
+    )
     logs, _, _ = logged_steps(trace, config)
     result = calibrate(
         [Observed(trace=trace, steps=logs, config=config)],
@@ -355,7 +365,12 @@ def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> Non
         space={},
     )
     for number, budget in enumerate((256, 1024, 2048)):
-        config = SimConfig(max_num_batched_tokens=budget, max_num_seqs=64, max_model_len=2048)
+        config = SimConfig(
+            async_scheduling=False,
+            max_num_batched_tokens=budget,
+            max_num_seqs=64,
+            max_model_len=2048,
+        )
         steps_path = tmp_path / f"trial-{number}.steps.jsonl"
         steps_path.write_text(
             "".join(json.dumps(s) + "\n" for s in stored_trial_steps(trace, config, truth))
@@ -378,6 +393,7 @@ def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> Non
                     "max_model_len": 2048,
                     "enable_chunked_prefill": True,
                     "long_prefill_token_threshold": 0,
+                    "async_scheduling": False,
                 },
                 "cache_config": {"block_size": 16, "enable_prefix_caching": True},
                 "server_reported": {"cache_config": {"num_gpu_blocks": 32768}},
@@ -406,10 +422,13 @@ def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> Non
         "num_gpu_blocks": 32768,
         "block_size": 16,
         "max_model_len": 2048,
+        "async_scheduling": False,
     }
     assert profile.host_ms == pytest.approx(1.0, rel=0.05)
     assert profile.request_latency_ms == pytest.approx(8.0, abs=1.5)
-    config = SimConfig(max_num_batched_tokens=512, max_num_seqs=64, max_model_len=2048)
+    config = SimConfig(
+        async_scheduling=False, max_num_batched_tokens=512, max_num_seqs=64, max_model_len=2048
+    )
     shapes = logged_steps(trace, config)[1]
     predicted = np.array([profile.step_seconds(s) for s in shapes])
     expected = np.array([truth.step_seconds(s) for s in shapes])

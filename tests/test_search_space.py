@@ -48,6 +48,22 @@ def test_default_space_drops_v0_knobs_with_a_reason() -> None:
     assert "max_num_partial_prefills" in v0.ranges
 
 
+def test_async_scheduling_is_searched_only_when_asked_and_where_it_can_run() -> None:
+    """Measured (benchmarks/async_scheduling.py): it trades a step of TTFT for the host's
+    share of TPOT, so it is a choice the user asks for, not part of the default search."""
+    assert "async_scheduling" not in build_space(SIM).ranges
+    asked = build_space(SIM, {"async_scheduling": "true,false"})
+    assert asked.ranges["async_scheduling"].choices == (True, False)
+    cpu = EngineCapabilities("vllm", "0.32.0", honours_async_scheduling=False)
+    assert "async_scheduling" in {d.knob for d in build_space(cpu).dropped}
+    for bad in (
+        {"overrides": {"async_scheduling": "true,false"}},
+        {"fixed": {"async_scheduling": True}},
+    ):
+        with pytest.raises(TunerError, match=r"async_scheduling: cannot be tuned or set here.*CPU"):
+            build_space(cpu, **bad)
+
+
 def test_flags_a_version_does_not_accept_are_never_searched_or_emitted() -> None:
     old = EngineCapabilities(
         "vllm",

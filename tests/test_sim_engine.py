@@ -64,6 +64,23 @@ def test_fast_forward_is_exact_on_random_scenarios(seed: int, async_scheduling: 
     assert_identical(both_ways(trace, config, H100))
 
 
+@pytest.mark.parametrize(("async_scheduling", "lag"), [(False, 0), (True, 1)])
+def test_constant_steps_map_arrivals_to_steps_exactly(async_scheduling: bool, lag: int) -> None:
+    """Arrivals at k × 10 ms with 10 ms steps: each is scheduled in step k (synchronous) or
+    k + 1 (async: step k + 1 is scheduled as step k starts), however long the run (a float
+    clock summed step by step drifted a step late from k = 211 on)."""
+    arrivals = [Request("busy", 0.0, 1, 1200)]
+    arrivals += [Request(f"r{k}", round(k * 0.01, 2), 1, 1) for k in range(1, 1001)]
+    steps: list[StepRecord] = []
+    config = SimConfig(max_num_seqs=64, max_model_len=2048, async_scheduling=async_scheduling)
+    simulate(Trace(tuple(arrivals)), config, ConstantProfile(step_ms=10), on_step=steps.append)
+    first_step = {}
+    for step in steps:
+        for request_id in step.scheduled:
+            first_step.setdefault(request_id, step.index)
+    assert all(first_step[f"r{k}"] == k + lag for k in range(1, 1001))
+
+
 def test_idle_engine_waits_for_the_next_arrival() -> None:
     trace = Trace((Request("a", 0.0, 10, 2), Request("b", 100.0, 10, 2)))
     steps: list[StepRecord] = []

@@ -51,6 +51,41 @@ def test_worked_example_budget_8() -> None:
     assert first_token == steps[3].start_s + 1.0  # produced by the last chunk's step
 
 
+def test_async_an_arrival_waits_for_the_step_already_scheduled() -> None:
+    """The worked example with async scheduling: step 1 was scheduled when step 0 started,
+    before the prompt arrived, so its chunks start a step later (TTFT one step longer)."""
+    requests = [*decodes(3), Request("p", 0.5, 12, 4)]
+    steps, result = run(requests, max_num_batched_tokens=8, async_scheduling=True)
+    assert [s.scheduled.get("p") for s in steps[1:5]] == [None, 5, 5, 2]
+    _, sync_result = run(requests, max_num_batched_tokens=8)
+    assert result.records[3].token_times_s[0] == sync_result.records[3].token_times_s[0] + 1.0
+
+
+def test_async_a_finished_request_holds_its_slot_one_step_longer() -> None:
+    """max_num_seqs 2: the waiting request takes the finished one's slot only once the step
+    that sampled its last token has been applied: a step later than synchronously."""
+    requests = [Request("a", 0.0, 4, 3), Request("c", 0.0, 4, 10), Request("b", 0.0, 4, 2)]
+    sync_steps, _ = run(requests, max_num_seqs=2)
+    async_steps, _ = run(requests, max_num_seqs=2, async_scheduling=True)
+    assert [sorted(s.scheduled) for s in sync_steps[2:5]] == [["a", "c"], ["b", "c"], ["b", "c"]]
+    assert [sorted(s.scheduled) for s in async_steps[2:5]] == [["a", "c"], ["c"], ["b", "c"]]
+
+
+def test_async_the_long_prefill_threshold_still_counts_a_finishing_request() -> None:
+    """The long-prefill cap lifts when a prompt is left alone. Under async scheduling a
+    request whose last token is still in flight has not left yet: one more capped chunk."""
+    requests = [Request("a", 0.0, 2, 4), Request("long", 0.0, 200, 1)]
+    config = {"max_num_batched_tokens": 128, "long_prefill_token_threshold": 16}
+    sync_steps, _ = run(requests, **config)
+    async_steps, _ = run(requests, **config, async_scheduling=True)
+    assert [s.scheduled["long"] for s in sync_steps if "long" in s.scheduled] == [
+        *[16] * 4,
+        128,
+        8,
+    ]
+    assert [s.scheduled["long"] for s in async_steps if "long" in s.scheduled] == [*[16] * 5, 120]
+
+
 def test_budget_16_six_decodes_two_prompts() -> None:
     """Six decodes take 6 of 16; A (18) gets 10, then 8 and B's first 2, then B's last 3."""
     prompts = [Request("A", 0.5, 18, 5), Request("B", 0.6, 5, 5)]

@@ -3,8 +3,9 @@
 Drives vLLM's real ``Scheduler`` class (no model, no GPU) on the same requests through
 ``tests/vllm_reference.py``, in two halves over the same 300 random scenarios: the synchronous
 engine loop (as on CPU), and ``AsyncScheduler`` driven by vLLM's own
-``EngineCore.step_with_batch_queue`` (async scheduling, as on GPU); in a Python that has vLLM: ``$TUNER_VLLM_PYTHON``, or
-``.venv-vllm/bin/python`` as the README's test command installs it. Skipped, with the reason,
+``EngineCore.step_with_batch_queue`` (async scheduling, as on GPU); in a Python that has
+vLLM: ``$TUNER_VLLM_PYTHON``, or ``.venv-vllm/bin/python`` as the README's test command
+installs it. Skipped, with the reason,
 only outside CI; in CI a missing vLLM is a failure.
 """
 

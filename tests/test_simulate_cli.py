@@ -103,6 +103,10 @@ def test_bad_engine_flags_are_one_line_errors(tune, tmp_path: Path) -> None:
         (("--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048"), "chunked"),
         (("--profile", "nope"), "no shipped profile"),
         (("--num-gpu-blocks", "100", "--kv-cache-memory-bytes", "1000"), "not both"),
+        (
+            ("--num-gpu-blocks", "256", "--block-size", "16", "--max-model-len", "4096"),
+            "vLLM refuses to start",
+        ),
         (("--over-length", "squash"), "--over-length"),
         (("--steps-out", str(tmp_path / "no" / "dir.jsonl")), "does not exist"),
     ]

@@ -47,6 +47,7 @@ def check_study(tune, storage: str) -> None:
     for trial in trials:
         assert trial.engine_version.version.startswith("tuner-sim")
         assert set(SimConfig.model_fields) <= set(trial.resolved_config)
+        assert trial.resolved_config["async_scheduling"] is True  # the GPU profile's default
         assert trial.serve_command.startswith("vllm serve ")
         assert trial.metrics["requests"] == 150
         assert trial.shaping["max_requests"] == 150
@@ -69,6 +70,19 @@ def test_study_on_sqlite(tune, tmp_path: Path) -> None:
 
 def test_study_on_postgresql(tune, postgres_url: str) -> None:
     check_study(tune, postgres_url)
+
+
+def test_async_scheduling_flag_is_fixed_stored_and_in_the_serve_line(tune, tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    code, _, err = tune(*run_args(storage, 2, "--no-async-scheduling"))
+    assert code == 0, err
+    _, trials = stored(storage)
+    for trial in trials:
+        assert trial.resolved_config["async_scheduling"] is False
+        assert trial.settings["async_scheduling"] is False
+        assert "--no-async-scheduling" in trial.serve_command
+    code, _, err = tune(*run_args(storage, 2, "--async-scheduling", "--set", "async_scheduling=1"))
+    assert code == 2 and "not both" in err and "Traceback" not in err
 
 
 def test_exports_and_pareto(tune, tmp_path: Path) -> None:

@@ -138,6 +138,7 @@ COLUMNS = {
     "enable_chunked_prefill": "chunked",
     "long_prefill_token_threshold": "thresh.",
     "scheduler_reserve_full_isl": "reserve",
+    "async_scheduling": "async",
     "max_num_partial_prefills": "partial",
     "max_long_partial_prefills": "long p.",
 }

@@ -98,6 +98,7 @@ def sim_config_of(resolved: dict[str, Any]) -> SimConfig:
         "block_size": served_cache.get("block_size") or cache.get("block_size"),
         "num_gpu_blocks": int(blocks) if blocks else None,
         "enable_prefix_caching": cache.get("enable_prefix_caching"),
+        "async_scheduling": scheduler.get("async_scheduling"),
     }
     try:
         return SimConfig(**{key: value for key, value in values.items() if value is not None})
@@ -106,11 +107,13 @@ def sim_config_of(resolved: dict[str, Any]) -> SimConfig:
 
 
 def pool_of(config: SimConfig) -> dict[str, int | float | bool]:
-    """The server's KV pool and context length, as a profile's ``engine_defaults``."""
+    """The server's KV pool, context length and scheduling mode (vLLM on CPU never schedules
+    asynchronously), as a profile's ``engine_defaults``."""
     return {
         "num_gpu_blocks": config.num_gpu_blocks,
         "block_size": config.block_size,
         "max_model_len": config.max_model_len,
+        "async_scheduling": config.async_scheduling,
     }
 
 

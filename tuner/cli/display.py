@@ -265,7 +265,8 @@ def render_sim_result(trace: Trace, result: SimResult, profile_note: str = "") -
         f"threshold={config.long_prefill_token_threshold}"
         f"{' (adaptive)' if config.long_prefill_token_threshold_adaptive else ''} "
         f"reserve_full_isl={config.scheduler_reserve_full_isl} "
-        f"blocks={config.num_gpu_blocks}x{config.block_size}",
+        f"blocks={config.num_gpu_blocks}x{config.block_size} "
+        f"{'async' if config.async_scheduling else 'sync'} scheduling",
     )
     table.add_row(
         "requests",

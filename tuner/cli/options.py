@@ -370,11 +370,17 @@ TRACE_WITH_LENGTH = OptionGroup(params=_TRACE_READING + _TRACE_LENGTH, build=_tr
 
 
 def _space_spec(
-    space: list[str] | None, space_file: Path | None, set_values: list[str] | None
+    space: list[str] | None,
+    space_file: Path | None,
+    set_values: list[str] | None,
+    async_scheduling: bool | None,
 ) -> SpaceSpec:
-    return SpaceSpec(
-        fixed=tuple(set_values or ()), ranges=tuple(space or ()), space_file=space_file
-    )
+    fixed = list(set_values or ())
+    if async_scheduling is not None:
+        if any(value.split("=", 1)[0].strip() == "async_scheduling" for value in fixed):
+            raise TunerError("give --async-scheduling/--no-async-scheduling or --set, not both")
+        fixed.append(f"async_scheduling={str(async_scheduling).lower()}")
+    return SpaceSpec(fixed=tuple(fixed), ranges=tuple(space or ()), space_file=space_file)
 
 
 SPACE = OptionGroup(
@@ -410,10 +416,23 @@ SPACE = OptionGroup(
             ],
             None,
         ),
+        _param(
+            "async_scheduling",
+            Annotated[
+                bool | None,
+                _option(
+                    "--async-scheduling/--no-async-scheduling",
+                    "Schedule the next step while one runs (vLLM's flag; default: as the "
+                    "engine resolves it, on for GPU profiles, off on CPU). Not searched.",
+                    SPACE_PANEL,
+                ),
+            ],
+            None,
+        ),
     ),
     build=_space_spec,
 )
-"""``--space``, ``--space-file`` and ``--set``."""
+"""``--space``, ``--space-file``, ``--set`` and ``--async-scheduling``."""
 
 
 @dataclass(frozen=True)

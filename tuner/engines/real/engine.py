@@ -124,8 +124,13 @@ class VllmEngine:
             f" ({info['distribution']})" if info.get("distribution") else ""
         )
         flags = frozenset(probed["flags"])
+        scheduler = (probed.get("resolved") or {}).get("scheduler_config") or {}
         self.capabilities = EngineCapabilities(
-            engine="vllm", version=str(info["version"]), accepted_flags=flags
+            engine="vllm",
+            version=str(info["version"]),
+            accepted_flags=flags,
+            # vLLM turns it on by default wherever it can run it (GPU), never on CPU.
+            honours_async_scheduling=bool(scheduler.get("async_scheduling")),
         )
         if "error" in probed:
             raise TunerError(

@@ -21,12 +21,17 @@ Two kinds of profile, both plain YAML or JSON files a user can supply:
 ``roofline``
     A step is bound either by memory traffic (weights read once per step, plus the KV cache
     that attention reads) or by arithmetic (2 × parameters FLOPs per token, plus attention),
-    whichever is slower, plus a fixed overhead and a per-request cost::
+    whichever is slower, plus fixed and per-request costs on the device and on the host::
 
         memory  = (weight_bytes + kv_bytes_per_token × context tokens read) / bandwidth
         compute = (flops_per_token × tokens + attention_flops_per_pair × query·key pairs)
                   / effective_flops
         step    = overhead + per_request × requests + max(memory, compute)
+                  + host + host_request × requests
+
+Every profile splits a step into device time and host time (``host_seconds``): a synchronous
+engine runs them one after the other; with async scheduling the host's share of step k+1 runs
+while step k computes (``docs/simulator.md``, "Time under async scheduling").
 
     Every coefficient is a field, so a profile can be fitted from a real engine's per-step log.
 """
@@ -169,9 +174,14 @@ class RooflineProfile(BaseModel):
     name: str
     description: str = ""
     overhead_ms: float = Field(ge=0)
-    """Fixed cost of a step: scheduling, input preparation, kernel launches, sampling."""
+    """Fixed device-side cost of a step: kernel launches, sampling."""
     per_request_us: float = Field(default=0.0, ge=0)
-    """Extra cost per scheduled request (metadata, sampling)."""
+    """Extra device-side cost per scheduled request (metadata, sampling)."""
+    host_ms: float = Field(default=0.0, ge=0)
+    """Host time of a step: scheduling, input preparation, output processing. A synchronous
+    engine adds it to every step; async scheduling runs it while the previous step computes."""
+    host_request_us: float = Field(default=0.0, ge=0)
+    """Host time per scheduled request."""
     weight_bytes: float = Field(ge=0)
     """Bytes of weights read once per step."""
     kv_bytes_per_token: float = Field(ge=0)
@@ -194,10 +204,9 @@ class RooflineProfile(BaseModel):
     request_interval_s: ClassVar[float] = 0.0
 
     def host_seconds(self, requests: int) -> float:
-        """None of the estimate is host time: ``overhead_ms`` is the GPU's own gaps (launches,
-        sampling) as a synchronous engine sees them; with no measurement that splits it, async
-        scheduling hides nothing of it."""
-        return 0.0
+        """The host's share of a step of ``requests`` requests (``host_ms``,
+        ``host_request_us``)."""
+        return self.host_ms / 1000.0 + self.host_request_us / 1e6 * requests
 
     def step_seconds(self, shape: StepShape) -> float:
         tokens = shape.prefill_tokens + shape.decode_tokens
@@ -213,7 +222,7 @@ class RooflineProfile(BaseModel):
             self.overhead_ms / 1000.0
             + self.per_request_us / 1e6 * shape.requests
             + max(memory, compute)
-        )
+        ) + self.host_seconds(shape.requests)
 
     def decode_run_seconds(self, requests: int, first_context: int, steps: int) -> np.ndarray:
         """Durations of ``steps`` consecutive plain decode steps of ``requests`` requests whose
@@ -230,7 +239,7 @@ class RooflineProfile(BaseModel):
             self.overhead_ms / 1000.0
             + self.per_request_us / 1e6 * requests
             + np.maximum(memory, compute)
-        )
+        ) + self.host_seconds(requests)
 
 
 FEATURES: tuple[str, ...] = (
