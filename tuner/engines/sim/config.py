@@ -42,7 +42,8 @@ class SimConfig(BaseModel):
     watermark: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Share of KV blocks kept free when admitting while other requests run."""
     block_size: int = Field(default=16, ge=1)
-    """Tokens per KV block (16 on GPU, 128 on CPU)."""
+    """Tokens per KV cache block (16 on GPU, 128 on CPU); not a trace's ``block_size``, the
+    tokens per prefix-hash block of its ``hash_ids``."""
     num_gpu_blocks: int = Field(default=32768, ge=2, le=MAX_GPU_BLOCKS)
     """KV blocks in the pool, including the one vLLM reserves (usable: ``num_gpu_blocks - 1``)."""
     enable_prefix_caching: bool = True
