@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/sim_speed.py [--repeat 5] [--profile-top 12]
 
-Cases, with the default engine flags of the shipped Llama-3.1-8B/H100 profile:
+Cases, with the default engine flags of the shipped Llama-3.1-8B/H100 profile, each with
+async scheduling (the profile's default) and synchronous:
 - Mooncake conversation slice, rate ×0.1 (one H100 cannot serve 40k prompt tok/s), requests
   longer than a 32K context clipped (``--max-model-len 32768``);
 - Azure conversation slice as recorded.
@@ -39,11 +40,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--profile-top", type=int, default=12)
+    parser.add_argument(
+        "--scheduling",
+        choices=("async", "sync", "both"),
+        default="both",
+        help="async (the profile's default, as vLLM on GPU), sync (as vLLM on CPU), or both",
+    )
     args = parser.parse_args()
     profile = load_profile("llama-3.1-8b-h100")
-    for name, (path, shaping, overrides) in CASES.items():
+    modes = {"async": (True,), "sync": (False,), "both": (True, False)}[args.scheduling]
+    for (name, (path, shaping, overrides)), mode in (
+        (case, mode) for case in CASES.items() for mode in modes
+    ):
         trace = load_trace(str(path), options=shaping)
-        config = SimConfig(**{**profile.engine_defaults, **overrides})
+        config = SimConfig(**{**profile.engine_defaults, **overrides, "async_scheduling": mode})
+        name = f"{name}, {'async' if mode else 'sync'}"
         walls = []
         for _ in range(args.repeat):
             started = time.perf_counter()

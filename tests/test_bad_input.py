@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from prefill_tuner.engines.real import engine as real_engine
 from prefill_tuner.engines.real.engine import VllmEngine, VllmQueryError
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.space import EngineCapabilities
@@ -90,7 +89,7 @@ def test_set_values_run_as_the_engine_reads_them(tune, tmp_path: Path) -> None:
     assert all(t.settings["enable_chunked_prefill"] is False for t in trials)
 
 
-def test_real_engine_asks_vllm_about_fixed_settings_once(monkeypatch) -> None:
+def test_real_engine_asks_vllm_about_fixed_settings_once() -> None:
     """The real engine validates ``--set`` through vLLM's own parser and config classes
     (``vllm_args.py resolve``), once, before any trial; vLLM's answer names the problem."""
     engine = object.__new__(VllmEngine)
@@ -104,15 +103,16 @@ def test_real_engine_asks_vllm_about_fixed_settings_once(monkeypatch) -> None:
     }
     calls: list[tuple[str, ...]] = []
 
-    def refuse(python: str, *args: str, **kwargs: object) -> object:
-        calls.append(args)
-        raise VllmQueryError("max_num_seqs: Input should be greater than 0")
+    class Refusing:
+        def resolve(self, model: str, args: list[str]) -> object:
+            calls.append((model, *args))
+            raise VllmQueryError("max_num_seqs: Input should be greater than 0")
 
-    monkeypatch.setattr(real_engine, "ask_vllm", refuse)
+    engine.resolver = Refusing()
     with pytest.raises(TunerError, match=r"--set max_num_seqs=0: vLLM refuses it: max_num_seqs"):
         engine.validate_fixed({"max_num_seqs": 0})
     server = ("--dtype", "float32", "--max-num-batched-tokens", "2048", "--max-num-seqs", "0")
-    assert calls == [("resolve", "m", *server)]
+    assert calls == [("m", *server)]
     engine.validate_fixed({})  # nothing fixed: nothing to ask
     assert len(calls) == 1
 

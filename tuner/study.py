@@ -17,7 +17,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -51,6 +51,8 @@ class TrialResult:
     """Why the early-abort rule stopped its replay, if it did."""
     log_path: str | None = None
     """The server log of a real engine's trial."""
+    overhead_s: dict[str, float] = field(default_factory=dict)
+    """Where a real trial's time went (``resolve``, ``start-up``, ``replay``, ``teardown``)."""
 
 
 @dataclass
@@ -202,10 +204,10 @@ def definition_changes(record: StudyRecord, plan: StudyPlan, engine: str) -> lis
     if stored_ranges is not None:  # recorded since workers exist
         checks.append(("search space", "--space", stored_ranges, given_ranges, searched, given))
     stored_shaping, given_shaping = record.shaping, plan.shaping.model_dump()
-    for field in sorted(set(stored_shaping) | set(given_shaping)):
+    for option in sorted(set(stored_shaping) | set(given_shaping)):
         checks.append(
-            ("shaping", f"trace shaping {field}", stored_shaping.get(field),
-             given_shaping.get(field), None, None)
+            ("shaping", f"trace shaping {option}", stored_shaping.get(option),
+             given_shaping.get(option), None, None)
         )  # fmt: skip
     return [
         Change(
@@ -397,6 +399,7 @@ class TrialObjective:
                 is_baseline,
                 run.cut_short.reason if run.cut_short else None,
                 run.log_path,
+                run.overhead_s,
             )
         )
         return values

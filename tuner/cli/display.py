@@ -180,16 +180,22 @@ def format_value(name: str, value: float) -> str:
 def trial_line(result: TrialResult, objectives: Sequence[Objective]) -> str:
     """One line per finished trial: its values and verdict, or, for a failed trial, that it
     failed and why (its values are the optimiser's penalties, not measurements)."""
+    took = (
+        "; took "
+        + ", ".join(f"{part} {seconds:.1f} s" for part, seconds in result.overhead_s.items())
+        if result.overhead_s
+        else ""
+    )
     if result.failure:
         log = f" (log: {result.log_path})" if result.log_path else ""
-        return f"trial {result.number} failed: {result.failure}{log}"
+        return f"trial {result.number} failed: {result.failure}{log}{took}"
     shown = ", ".join(
         f"{o.name} {'≥ ' if result.cut_short else ''}{format_value(o.name, v)}"
         for o, v in zip(objectives, result.values, strict=True)
     )
     verdict = "meets the SLOs" if result.verdict.feasible else "misses the SLOs"
     why = f"; cut short: {result.cut_short}" if result.cut_short else ""
-    return f"trial {result.number} {verdict}: {shown}{why}"
+    return f"trial {result.number} {verdict}: {shown}{why}{took}"
 
 
 class WorkerDisplay:

@@ -53,6 +53,8 @@ class EngineRun:
     """Seconds the server took to become healthy (a real engine)."""
     records: list[RequestRecord] | None = field(default=None, repr=False)
     """Every request's send and token times (a real engine; for calibration, never stored)."""
+    overhead_s: dict[str, float] = field(default_factory=dict)
+    """Where a real trial's time went: ``resolve``, ``start-up``, ``replay``, ``teardown``."""
 
 
 class TrialEngine(Protocol):

@@ -6,8 +6,15 @@ from the tuner, so vLLM may live in its own virtual environment::
     VLLM_PYTHON vllm_args.py flags
     VLLM_PYTHON vllm_args.py parse [serve arguments ...]
     VLLM_PYTHON vllm_args.py resolve MODEL [serve arguments ...]
+    VLLM_PYTHON vllm_args.py loop
 
-All print JSON. ``resolve`` builds the engine config exactly as ``vllm serve`` would (vLLM's
+All print JSON. ``loop`` answers many questions in one process (vLLM is imported once, about
+13 s on a small machine; a resolution then takes milliseconds): each line on stdin is
+``{"command": "probe" | "resolve", "args": [...]}``, each answer one line on stdout,
+``{"answer": ...}`` or ``{"error": "one line"}``; it ends at the end of its input (so it ends
+with the process that feeds it, however that one ends).
+
+``resolve`` builds the engine config exactly as ``vllm serve`` would (vLLM's
 parser, ``AsyncEngineArgs``, ``create_engine_config``) without starting a server, and prints
 every field of its scheduler, cache, model, parallel and load configs (values JSON cannot hold,
 such as a ``torch.dtype``, as their text; nested configs left out); secrets (tokens, keys,
@@ -191,6 +198,9 @@ def main() -> None:
         print(json.dumps(version()))
         return
     root = serve_parser()
+    if command == "loop":
+        loop(root)
+        return
     if command == "resolve":
         try:
             resolved = resolve(root, rest)
@@ -207,8 +217,37 @@ def main() -> None:
         print(json.dumps({k: v for k, v in vars(args).items() if _jsonable(v)}, default=str))
     else:
         raise SystemExit(
-            f"unknown command {command!r}: use version, flags, probe, parse or resolve"
+            f"unknown command {command!r}: use version, flags, probe, parse, resolve or loop"
         )
+
+
+def loop(root: argparse.ArgumentParser) -> None:
+    """Answer ``probe`` and ``resolve`` questions, one JSON line each, until stdin ends."""
+    import contextlib
+    import io
+
+    answers = sys.stdout
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        messages = io.StringIO()
+        try:
+            question = json.loads(line)
+            arguments = [str(arg) for arg in question["args"]]
+            # Whatever vLLM prints must not mix with the answers.
+            with contextlib.redirect_stdout(sys.stderr), contextlib.redirect_stderr(messages):
+                if question["command"] == "probe":
+                    reply: dict[str, object] = {"answer": probe(root, arguments)}
+                elif question["command"] == "resolve":
+                    reply = {"answer": resolve(root, arguments)}
+                else:
+                    reply = {"error": f"unknown command {question['command']!r}"}
+        except SystemExit:  # argparse has said why on stderr
+            reply = {"error": messages.getvalue().strip() or "invalid arguments"}
+        except Exception as exc:  # vLLM raises many types
+            reply = {"error": f"error: {_error_text(exc)}"}
+        answers.write(json.dumps(reply, default=str) + "\n")
+        answers.flush()
 
 
 def _jsonable(value: object) -> bool:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,12 @@ from prefill_tuner.engines.base import CutShort, EngineRun
 from prefill_tuner.engines.real.guard import ReplayGuard
 from prefill_tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
 from prefill_tuner.engines.real.replay import ReplayOptions, ReplayResult, ReplayState, replay
+from prefill_tuner.engines.real.resolver import (
+    VLLM_ARGS,
+    VllmQueryError,
+    VllmResolver,
+    error_line,
+)
 from prefill_tuner.engines.real.signals import (
     MetricsWatch,
     config_mismatches,
@@ -46,7 +53,6 @@ from prefill_tuner.search_spaces.render import flag_name, serve_args
 from prefill_tuner.search_spaces.space import EngineCapabilities, effective_settings
 from prefill_tuner.trace.model import Trace
 
-VLLM_ARGS = Path(__file__).resolve().parent.parent / "vllm_args.py"
 ITERATION_FLAG = "--enable-logging-iteration-details"
 SERVER_ENV = {"VLLM_LOGGING_LEVEL": "INFO", "VLLM_SERVER_DEV_MODE": "1"}
 """The per-step trace is logged at INFO: a quieter inherited level would lose it (a logging
@@ -60,27 +66,14 @@ DEFAULT_TOKEN_HIGH = 32000
 """Prompt token ids stay below this when the model's vocabulary size is unknown."""
 
 
-class VllmQueryError(TunerError):
-    """vLLM's own code refused what we asked (a bad flag, an invalid config)."""
-
-
 def ask_vllm(python: str, *args: str, timeout_s: float = 600) -> Any:
-    """Run ``vllm_args.py`` in vLLM's Python and return its JSON answer."""
+    """Run ``vllm_args.py`` once in vLLM's Python and return its JSON answer (a study asks
+    its :class:`VllmResolver` instead: one process for every question)."""
     completed = run_vllm_script(python, VLLM_ARGS, args, timeout_s=timeout_s)
     lines = [line for line in completed.stdout.splitlines() if line.strip()]
     if completed.returncode != 0 or not lines:
         raise VllmQueryError(error_line(completed.stderr) or f"exit code {completed.returncode}")
     return json.loads(lines[-1])
-
-
-def error_line(text: str) -> str:
-    """The line of vLLM's output that says what was wrong (the last error named), shortened."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    detail = next(
-        (line for line in reversed(lines) if "Error" in line or "error:" in line),
-        lines[-1] if lines else "",
-    )
-    return detail.split("Value error, ")[-1].strip().removeprefix("error: ")[:400]
 
 
 class VllmEngine:
@@ -115,7 +108,9 @@ class VllmEngine:
         self.log_dir = log_dir
         self.startup_timeout_s = startup_timeout_s
         self.hang_timeout_s = hang_timeout_s
-        probed = ask_vllm(self.python, "probe", model, *self._server_args)
+        self.resolver = VllmResolver(self.python)
+        """One vLLM process answers every config question of this engine's life."""
+        probed = self.resolver.probe(model, self._server_args)
         info = probed["version"]
         cli_version = None
         if not self.serve_command:
@@ -158,11 +153,15 @@ class VllmEngine:
             settings, _ = effective_settings(settings, {}, self.max_model_len(fixed))
         args = [*self.server_args, *serve_args(settings, self.capabilities)]
         try:
-            ask_vllm(self.python, "resolve", self.model, *args)
+            self.resolver.resolve(self.model, args)
         except VllmQueryError as exc:
             given = " ".join(f"{name}={value}" for name, value in fixed.items())
             raise TunerError(f"--set {given}: vLLM refuses it: {exc}") from None
         return fixed
+
+    def close(self) -> None:
+        """Stop the config helper process now (it also stops when this process exits)."""
+        self.resolver.close()
 
     def default_settings(self) -> dict[str, Any]:
         scheduler = self.defaults.get("scheduler_config", {})
@@ -205,8 +204,9 @@ class VllmEngine:
         args = [*self._server_args, *serve_args(settings, self.capabilities)]
         if ITERATION_FLAG in (self.capabilities.accepted_flags or ()):
             args.append(ITERATION_FLAG)  # the per-step trace, parsed from the server's log
+        began = time.perf_counter()
         try:
-            resolved = ask_vllm(self.python, "resolve", self.model, *args)
+            resolved = self.resolver.resolve(self.model, args)
         except VllmQueryError as exc:
             return EngineRun(
                 None,
@@ -214,6 +214,7 @@ class VllmEngine:
                 self.version,
                 failure=f"vLLM rejected the settings: {exc}",
             )
+        overhead = {"resolve": time.perf_counter() - began}
         log_path = new_log_path(self.log_dir, label or "run")
         spec = ServerSpec(
             model=self.model,
@@ -228,18 +229,23 @@ class VllmEngine:
         try:
             with VllmServer(spec) as server:
                 startup_s = server.startup_s
+                overhead["start-up"] = startup_s
                 served_version = httpx.get(f"{server.base_url}/version", timeout=10).json()
                 watched = asyncio.run(
                     _watched_replay(server, trace, options, early_abort, self.hang_timeout_s)
                 )
+                overhead["replay"] = watched.result.wall_s
+                stopping = time.perf_counter()
+            overhead["teardown"] = time.perf_counter() - stopping
         except ServerStartError as exc:
             return EngineRun(
                 None,
                 resolved,
                 self.version,
                 failure=exc.reason,
-                details={"log": str(spec.log_path)},
+                details={"log": str(spec.log_path), "overhead_s": overhead},
                 log_path=str(spec.log_path),
+                overhead_s=overhead,
             )
         result, state = watched.result, watched.state
         steps = parse_iteration_log(spec.log_path)
@@ -255,6 +261,7 @@ class VllmEngine:
             "client_bound": result.client_bound,
             "replay_wall_s": result.wall_s,
             "startup_s": startup_s,
+            "overhead_s": overhead,
             "server_metrics": watched.watch.summary(),
             "server_steps": {**step_summary(steps), "trace": str(steps_path)},
         }
@@ -287,6 +294,7 @@ class VllmEngine:
             log_path=str(spec.log_path),
             startup_s=startup_s,
             records=result.records,
+            overhead_s=overhead,
         )
 
 
