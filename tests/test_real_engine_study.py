@@ -93,13 +93,31 @@ def vllm_run(
 
 
 def test_three_real_trials(tune, workspace: Path) -> None:
-    code, out, err = vllm_run(tune, workspace, 3, "--server-arg", KV_BYTES)
+    """Screened, as a real server is best tuned: the baseline, then two settings the
+    simulator (fitted to the baseline's step log) found Pareto-optimal."""
+    code, out, err = vllm_run(tune, workspace, 3, "--server-arg", KV_BYTES, "--screen", "12")
     assert code == 0, err
     assert "vllm serve " in out and "Pareto-optimal" in out
+    assert "screening skipped" not in err, err
+    assert "prediction error over 2 real trials" in " ".join(out.split())
+    # Each real trial's progress line says where its time went.
+    assert " ".join(err.split()).count("; took resolve") == 3
     store = TunerStore(f"sqlite:///{workspace / 'tune.db'}")
     record = store.get_study("real")
     trials = store.trials(record)
     assert len(trials) == 3 and record.engine == "vllm"
+    screen = store.get_study("real-screen")  # kept apart, never mixed with the real trials
+    assert screen is not None and screen.engine == "sim" and len(store.trials(screen)) == 12
+    for trial in trials[1:]:
+        predicted = trial.metrics["details"]["predicted"]
+        assert set(predicted["objectives"]) == set(trial.objectives)
+        assert predicted["profile"] == "real-calibrated"
+        assert set(trial.metrics["details"]["overhead_s"]) == {
+            "resolve",
+            "start-up",
+            "replay",
+            "teardown",
+        }
     expected_tokens = sum(
         json.loads(line)["output_length"]
         for line in (workspace / "short.jsonl").read_text().splitlines()
@@ -113,7 +131,8 @@ def test_three_real_trials(tune, workspace: Path) -> None:
         assert scheduler["max_num_batched_tokens"] == trial.settings["max_num_batched_tokens"]
         assert scheduler["max_num_seqs"] == trial.settings["max_num_seqs"]
         metrics = trial.metrics
-        assert metrics["failed"] == 0 and metrics["output_tokens"] == expected_tokens
+        assert metrics["failed"] == 0, (trial.settings, metrics["failure_reasons"])
+        assert metrics["output_tokens"] == expected_tokens
         assert metrics["ttft_s"]["p50"] > 0 and metrics["tpot_s"]["p50"] > 0
         details = metrics["details"]
         assert Path(details["log"]).exists()

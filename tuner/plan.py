@@ -116,6 +116,14 @@ def check_study_name(name: str, option: str = "--study") -> str:
     return name
 
 
+SCREEN_SUFFIX = "-screen"
+"""A screened study ``NAME`` keeps its simulated study as ``NAME-screen``."""
+
+
+def screen_study_name(name: str) -> str:
+    return f"{name}{SCREEN_SUFFIX}"
+
+
 def default_study_name(trace: Path, objective_mode: str) -> str:
     """``TRACE-OBJECTIVE`` from the trace file's name, made safe."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", trace.stem).strip("-._")[:80] or "trace"

@@ -4,12 +4,14 @@ trials and which SLO binds. Shared by ``tune run``, ``tune pareto`` and ``tune e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import optuna
 from rich import box
 from rich.console import Group
@@ -19,7 +21,7 @@ from rich.text import Text
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.scoring import ERRORS
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
-from prefill_tuner.plan import check_study_name
+from prefill_tuner.plan import SCREEN_SUFFIX, check_study_name
 from prefill_tuner.recommend import RULE, recommend
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import command_yaml
@@ -46,6 +48,10 @@ class StudySummary:
     """Replay time those stops saved, at least."""
     knobs: tuple[str, ...] = ()
     """The knobs the study searched (the columns worth showing)."""
+    prediction_error: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Screened studies: objective → median |predicted / measured − 1| over the real trials
+    the simulator predicted."""
+    predicted_trials: int = 0
 
 
 def summarize_study(
@@ -73,6 +79,7 @@ def summarize_study(
         ]
     cuts = [_cut_short(trial) for trial in trials]
     cuts = [cut for cut in cuts if cut]
+    errors = _prediction_errors(trials, objectives)
     return StudySummary(
         study=record,
         objectives=objectives,
@@ -89,7 +96,31 @@ def summarize_study(
             for knob in KNOBS
             if any(knob in t.params or f"{knob}_log2" in t.params for t in trials)
         ),
+        prediction_error={name: float(np.median(values)) for name, values in errors.items()},
+        predicted_trials=max((len(values) for values in errors.values()), default=0),
     )
+
+
+def predicted(trial: TrialRecord) -> dict[str, float]:
+    """What the simulator predicted for a real trial's objectives (screened studies)."""
+    details = (trial.metrics or {}).get("details") or {}
+    return dict((details.get("predicted") or {}).get("objectives") or {})
+
+
+def _prediction_errors(
+    trials: Sequence[TrialRecord], objectives: Sequence[str]
+) -> dict[str, list[float]]:
+    """Objective → |predicted / measured − 1| of every completed trial with a prediction."""
+    errors: dict[str, list[float]] = {}
+    for trial in trials:
+        guess = predicted(trial)
+        if trial.status != "complete" or not guess or _cut_short(trial):
+            continue
+        for name in objectives:
+            value, expected = trial.objectives.get(name), guess.get(name)
+            if value and expected is not None and math.isfinite(value) and math.isfinite(expected):
+                errors.setdefault(name, []).append(abs(expected / value - 1))
+    return errors
 
 
 def find_study(store: TunerStore, name: str | None) -> str:
@@ -99,10 +130,16 @@ def find_study(store: TunerStore, name: str | None) -> str:
     names = store.study_names()
     where = redact_url(store.url)
     if name is None:
-        if len(names) != 1:
+        # A screened study's simulated one is never the one meant.
+        own = [
+            n
+            for n in names
+            if not (n.endswith(SCREEN_SUFFIX) and n[: -len(SCREEN_SUFFIX)] in names)
+        ]
+        if len(own) != 1:
             listing = ", ".join(names) if names else "none"
             raise TunerError(f"--study: name the study (studies in {where}: {listing})")
-        return names[0]
+        return own[0]
     if name not in names:
         raise TunerError(
             f"--study {name}: no such study in {where} (studies: {', '.join(names) or 'none'})"
@@ -198,6 +235,24 @@ def render_summary(summary: StudySummary) -> Group:
         )
         if summary.baseline is not None:
             parts.append(Text(_improvement(summary, recommended, summary.baseline)))
+        guess = predicted(recommended)
+        if guess:
+            shown = "; ".join(
+                f"{name} {_fmt(name, guess.get(name))} (measured "
+                f"{_fmt(name, recommended.objectives.get(name))})"
+                for name in summary.objectives
+            )
+            parts.append(Text(f"the simulator predicted for it: {shown}"))
+        if summary.prediction_error:
+            shown = ", ".join(
+                f"{name} {error:.0%}" for name, error in summary.prediction_error.items()
+            )
+            parts.append(
+                Text(
+                    f"prediction error over {summary.predicted_trials} real trials (median "
+                    f"|predicted / measured − 1|): {shown}"
+                )
+            )
         parts.append(Text("\nserve lines (recommended first):", style="bold"))
         ordered = [recommended] + [t for t in summary.pareto if t is not recommended]
         for trial in ordered:  # never wrapped: a pasted line must run as printed

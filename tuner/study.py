@@ -295,10 +295,14 @@ class TrialObjective:
         finished: list[optuna.trial.FrozenTrial],
         *,
         standalone: bool = False,
+        predict: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> None:
         self.plan, self.engine, self.store, self.record = plan, engine, store, record
         self.progress = progress
         self.standalone = standalone
+        self.predict = predict
+        """What the simulator predicts for a trial's settings (screened studies), stored
+        beside what the trial measures."""
         """Trials run by this process alone (``tune run``): it marks them with its identity
         and queues an interrupted one again itself (workers have heartbeats and
         :func:`~prefill_tuner.worker.claim.give_up` for that)."""
@@ -364,6 +368,9 @@ class TrialObjective:
         metrics = run.metrics.as_dict() if run.metrics else None
         if metrics is not None:
             metrics["details"] = run.details
+            predicted = self.predict(settings) if self.predict is not None else None
+            if predicted is not None:
+                metrics["details"] = {**run.details, "predicted": predicted}
         self.store.add_trial(
             self.record,
             engine=self.engine.name,

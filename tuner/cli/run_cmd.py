@@ -34,8 +34,11 @@ from prefill_tuner.cli.options import (
     with_options,
 )
 from prefill_tuner.engines.factory import EngineOptions, build_engine
+from prefill_tuner.engines.sim.cost_model import load_profile
+from prefill_tuner.errors import TunerError
 from prefill_tuner.plan import SpaceSpec, build_plan
 from prefill_tuner.report import render_summary, summarize_stored
+from prefill_tuner.screening import run_screened_study
 from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.study import baseline_outside, open_study, run_study
 from prefill_tuner.worker.definition import definition_of
@@ -95,6 +98,16 @@ def run_command(
             "is judged on lower bounds of what it would have measured).",
         ),
     ] = True,
+    screen: Annotated[
+        int,
+        typer.Option(
+            "--screen",
+            min=0,
+            help="--engine vllm: after the baseline, fit the simulator to its step log "
+            "(or use --profile), simulate this many trials, and run their Pareto-optimal "
+            "settings on the server first (0: off).",
+        ),
+    ] = 0,
     *,
     engine: EngineOptions,
     trace: TraceChoice,
@@ -105,6 +118,14 @@ def run_command(
     interrupted (the same command resumes)."""
     err = error_console()
     bundled = trace_file == defaults.SAMPLE_TRACE
+    if screen:
+        if engine.engine != "vllm":
+            raise TunerError("--screen: only with --engine vllm (it screens for a real server)")
+        if create_only:
+            raise TunerError("--screen: not with --create-only (workers do not screen yet)")
+        if objective != "latency":
+            raise TunerError("--screen: only with --objective latency")
+    given_profile = load_profile(engine.profile) if engine.profile != defaults.PROFILE else None
     trial_engine = build_engine(dataclasses.replace(engine, model=model))
     plan = build_plan(
         trial_engine,
@@ -163,7 +184,19 @@ def run_command(
         ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display,
     ):
         try:
-            run_study(plan, trial_engine, store, display.progress, opened)
+            if screen:
+                run_screened_study(
+                    plan,
+                    trial_engine,
+                    store,
+                    opened,
+                    screen_trials=screen,
+                    profile=given_profile,
+                    progress=display.progress,
+                    say=lambda text: err.print(escape(text), soft_wrap=True),
+                )
+            else:
+                run_study(plan, trial_engine, store, display.progress, opened)
         except KeyboardInterrupt:
             interrupted = True
     if interrupted:
