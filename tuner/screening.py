@@ -253,8 +253,8 @@ def run_screened_study(
             current["base"],
         )
     remaining = max(plan.trials - complete(), 0)
-    if remaining:
-        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+    left = None if deadline is None else deadline - time.monotonic()
+    if remaining and (left is None or left > 0):
         study.optimize(objective, n_trials=remaining, timeout=left, catch=())
     return study
 
