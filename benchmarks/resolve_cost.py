@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 from prefill_tuner.engines.real.cpu_recipe import CPU_SERVER_ARGS, write_tiny_model
-from prefill_tuner.engines.real.engine import ask_vllm
-from prefill_tuner.engines.real.resolver import VllmResolver
+from prefill_tuner.engines.real.resolver import VllmResolver, ask_vllm
 
 ROOT = Path(__file__).resolve().parent.parent
 

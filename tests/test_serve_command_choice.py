@@ -7,8 +7,9 @@ import stat
 import time
 from pathlib import Path
 
-from prefill_tuner.engines.real.engine import _vllm_cli, ask_vllm
+from prefill_tuner.engines.real.engine import _vllm_cli
 from prefill_tuner.engines.real.launcher import API_SERVER_MODULE, ServerSpec
+from prefill_tuner.engines.real.resolver import ask_vllm
 from tests.conftest import vllm_python
 
 

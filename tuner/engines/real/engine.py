@@ -29,7 +29,6 @@ from prefill_tuner.engines.real.guard import ReplayGuard
 from prefill_tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
 from prefill_tuner.engines.real.replay import ReplayOptions, ReplayResult, ReplayState, replay
 from prefill_tuner.engines.real.resolver import (
-    VLLM_ARGS,
     VllmQueryError,
     VllmResolver,
     error_line,
@@ -42,7 +41,6 @@ from prefill_tuner.engines.real.signals import (
     server_config,
     step_summary,
 )
-from prefill_tuner.engines.vllm_python import run_vllm_script
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
@@ -64,16 +62,6 @@ SERVER_INFO_TIMEOUT_S = 60.0
 """The first ``/server_info`` collects the environment (seconds on a CPU machine)."""
 DEFAULT_TOKEN_HIGH = 32000
 """Prompt token ids stay below this when the model's vocabulary size is unknown."""
-
-
-def ask_vllm(python: str, *args: str, timeout_s: float = 600) -> Any:
-    """Run ``vllm_args.py`` once in vLLM's Python and return its JSON answer (a study asks
-    its :class:`VllmResolver` instead: one process for every question)."""
-    completed = run_vllm_script(python, VLLM_ARGS, args, timeout_s=timeout_s)
-    lines = [line for line in completed.stdout.splitlines() if line.strip()]
-    if completed.returncode != 0 or not lines:
-        raise VllmQueryError(error_line(completed.stderr) or f"exit code {completed.returncode}")
-    return json.loads(lines[-1])
 
 
 class VllmEngine:

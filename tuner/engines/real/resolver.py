@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from prefill_tuner.engines.vllm_python import run_vllm_script
 from prefill_tuner.errors import TunerError
 
 VLLM_ARGS = Path(__file__).resolve().parent.parent / "vllm_args.py"
@@ -35,6 +36,16 @@ def error_line(text: str) -> str:
         lines[-1] if lines else "",
     )
     return detail.split("Value error, ")[-1].strip().removeprefix("error: ")[:400]
+
+
+def ask_vllm(python: str, *args: str, timeout_s: float = 600) -> Any:
+    """Run ``vllm_args.py`` once in vLLM's Python and return its JSON answer (one question;
+    a study asks its :class:`VllmResolver`, one process for every question)."""
+    completed = run_vllm_script(python, VLLM_ARGS, args, timeout_s=timeout_s)
+    lines = [line for line in completed.stdout.splitlines() if line.strip()]
+    if completed.returncode != 0 or not lines:
+        raise VllmQueryError(error_line(completed.stderr) or f"exit code {completed.returncode}")
+    return json.loads(lines[-1])
 
 
 class VllmResolver:
