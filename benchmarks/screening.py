@@ -11,9 +11,9 @@ chosen so that the engine's defaults miss them:
 - ``tpe``: real trials proposed by TPE from the start;
 - ``random``: real trials at random.
 
-Per method and seed: the score of the best feasible trial after each real trial (the
-recommendation rule's worst ratio, max over SLO'd percentiles of value / limit: lower is
-better; none while nothing is feasible), the 2-D hypervolume of the feasible trials in
+Per method and seed: the best score after each real trial (the recommendation rule's worst
+ratio, max over SLO'd percentiles of value / limit: lower is better, ≤ 1 meets every SLO),
+the real trials to the first feasible one, the 2-D hypervolume of the feasible trials in
 (p99 TTFT / limit, p99 TPOT / limit) against the point (1, 1), the real trials needed to reach
 95% of the best score any method found, and the wall time. The machine is shared: scores are
 measured latencies, so they carry its noise.
@@ -43,7 +43,8 @@ TRACES = {
     # Longer prompts, busier: chunking matters more.
     "long-prompts": ("decode=2,1800x8=1", "3", "8"),
 }
-SLOS = ("p99_tpot=5.5ms", "p99_ttft=200ms")
+SLOS = ("p99_tpot=5.8ms", "p99_ttft=200ms")
+"""The defaults measured p99 TPOT 6.2-6.3 ms on this trace, the best settings about 4.8 ms."""
 METHODS = {
     "screen": ("--screen", "30"),
     "tpe": ("--sampler", "tpe"),
@@ -110,9 +111,12 @@ def run_method(workspace: Path, trace: Path, method: str, seed: int, trials: int
     store = TunerStore(storage)
     record = store.get_study("bench")
     limits = {slo.split("=")[0]: _seconds(slo.split("=")[1]) for slo in SLOS}
-    best, curve, points, hv = math.inf, [], [], []
+    best, nearest, curve, closest, points, hv, trials = math.inf, math.inf, [], [], [], [], []
     for trial in sorted(store.trials(record), key=lambda t: t.trial_number):
-        if trial.feasible and trial.status == "complete":
+        measured = trial.status == "complete"
+        if measured:
+            nearest = min(nearest, score(trial.objectives, limits))
+        if trial.feasible and measured:
             best = min(best, score(trial.objectives, limits))
             points.append(
                 (
@@ -121,8 +125,26 @@ def run_method(workspace: Path, trace: Path, method: str, seed: int, trials: int
                 )
             )
         curve.append(best)
+        closest.append(nearest)
         hv.append(hypervolume(points))
-    return {"curve": curve, "hypervolume": hv, "wall_s": wall}
+        details = (trial.metrics or {}).get("details") or {}
+        trials.append(
+            {
+                "number": trial.trial_number,
+                "status": trial.status,
+                "feasible": trial.feasible,
+                "objectives": trial.objectives,
+                "predicted": (details.get("predicted") or {}).get("objectives"),
+                "settings": trial.settings,
+            }
+        )
+    return {
+        "curve": curve,
+        "closest": closest,
+        "hypervolume": hv,
+        "wall_s": wall,
+        "trials": trials,
+    }
 
 
 def _seconds(text: str) -> float:
@@ -157,18 +179,22 @@ def main() -> None:
                     results[name][method].append(outcome)
                     print(json.dumps({"trace": name, "method": method, "seed": seed, **outcome}))
     for name, by_method in results.items():
-        best = min(min(run["curve"]) for runs in by_method.values() for run in runs)
+        best = min(min(run["closest"]) for runs in by_method.values() for run in runs)
         print(f"\n{name}: best score any method found {best:.3f} (max over SLOs of value/limit)")
         for method, runs in by_method.items():
             needed = [
-                next((i + 1 for i, s in enumerate(run["curve"]) if s <= best / 0.95), None)
+                next((i + 1 for i, s in enumerate(run["closest"]) if s <= best / 0.95), None)
+                for run in runs
+            ]
+            first_feasible = [
+                next((i + 1 for i, s in enumerate(run["curve"]) if math.isfinite(s)), None)
                 for run in runs
             ]
             print(
-                f"  {method}: real trials to 95% of the best: {needed}; final score "
-                f"{[round(run['curve'][-1], 3) for run in runs]}; final hypervolume "
-                f"{[round(run['hypervolume'][-1], 3) for run in runs]}; wall "
-                f"{[round(run['wall_s']) for run in runs]} s"
+                f"  {method}: real trials to 95% of the best: {needed}; to the first feasible: "
+                f"{first_feasible}; final score {[round(run['closest'][-1], 3) for run in runs]}"
+                f"; final hypervolume {[round(run['hypervolume'][-1], 3) for run in runs]}; "
+                f"wall {[round(run['wall_s']) for run in runs]} s"
             )
 
 
