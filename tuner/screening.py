@@ -3,7 +3,8 @@
 A real trial costs a server start and a full replay; a simulated one costs a second. So a
 real-engine study with screening (``tune run --engine vllm --screen N``) runs:
 
-1. the baseline (the engine's defaults) on the real server;
+1. the baseline (the engine's defaults) on the real server, replayed to the end even when it
+   misses the SLOs (early abort would leave too little of its step log to fit);
 2. a calibration of the simulator to the real trials so far (their per-step logs, as
    ``tune calibrate --from-study`` fits them), unless the user gave a profile;
 3. a simulated study of N trials on the same trace, SLOs and space, with the real server's
@@ -214,7 +215,13 @@ def run_screened_study(
         for t in study.trials
     )
     if not baseline_done and complete() < plan.trials:
-        study.optimize(objective, n_trials=1, catch=())
+        # Replayed to the end even when it misses the SLOs: its whole step log (and its
+        # TTFTs, not lower bounds of them) is what the simulator is fitted to.
+        whole = dataclasses.replace(plan, early_abort=False)
+        baseline = TrialObjective(
+            whole, engine, store, record, progress, finished, standalone=True, predict=predicted
+        )
+        study.optimize(baseline, n_trials=1, catch=())
     candidates: list[Candidate] = []
     try:
         current["base"] = server_config(store, record)
