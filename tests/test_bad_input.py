@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from prefill_tuner.engines.real.engine import VllmEngine, VllmQueryError
+from prefill_tuner.engines.real.engine import VllmEngine
+from prefill_tuner.engines.real.resolver import VllmQueryError
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.space import EngineCapabilities
 from prefill_tuner.storage.store import TunerStore

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from prefill_tuner.engines.real.cpu_recipe import write_tiny_model
-from prefill_tuner.engines.real.engine import VLLM_ARGS
+from prefill_tuner.engines.real.resolver import VLLM_ARGS
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.storage.store import TunerStore
 from tests.conftest import vllm_python

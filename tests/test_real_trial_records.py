@@ -12,8 +12,9 @@ from types import ModuleType
 import pydantic
 
 from prefill_tuner.cli.display import trial_line
-from prefill_tuner.engines.real.engine import VLLM_ARGS, error_line, new_log_path
+from prefill_tuner.engines.real.engine import new_log_path
 from prefill_tuner.engines.real.launcher import classify_failure, failure_cause
+from prefill_tuner.engines.real.resolver import VLLM_ARGS, error_line
 from prefill_tuner.objectives.scoring import Objective, Verdict
 from prefill_tuner.study import TrialResult
 

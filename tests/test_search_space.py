@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefill_tuner.engines.real.engine import VLLM_ARGS
+from prefill_tuner.engines.real.resolver import VLLM_ARGS
 from prefill_tuner.engines.sim import SimConfig
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.knobs import KNOBS
