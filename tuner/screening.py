@@ -44,13 +44,10 @@ from prefill_tuner.report import summarize_stored
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study import (
-    LIVE,
     StudyProgress,
     TrialObjective,
-    enqueue_baseline,
-    make_sampler,
     open_study,
-    recover_orphans,
+    prepare_run,
     run_study,
 )
 
@@ -190,10 +187,7 @@ def run_screened_study(
     progress = progress or StudyProgress()
     deadline = None if plan.timeout_s is None else time.monotonic() + plan.timeout_s
     study, record = opened
-    recover_orphans(study)
-    study.sampler = make_sampler(plan.sampler, plan.seed + len(study.trials), plan.startup_trials)
-    if not any(t.user_attrs.get("baseline") and t.state in LIVE for t in study.trials):
-        enqueue_baseline(study, plan, engine)
+    prepare_run(study, plan, engine)
 
     def complete() -> int:
         return sum(1 for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)

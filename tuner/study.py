@@ -256,6 +256,15 @@ def enqueue_baseline(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) 
     study.enqueue_trial(plan.space.params_for(baseline), user_attrs=attrs)
 
 
+def prepare_run(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) -> None:
+    """Before a run starts trials: fail what a dead run left RUNNING, seed the sampler for
+    this run, and queue the baseline on a first run (or when it never finished)."""
+    recover_orphans(study)
+    study.sampler = make_sampler(plan.sampler, plan.seed + len(study.trials), plan.startup_trials)
+    if not any(t.user_attrs.get("baseline") and t.state in LIVE for t in study.trials):
+        enqueue_baseline(study, plan, engine)
+
+
 def run_study(
     plan: StudyPlan,
     engine: TrialEngine,
@@ -268,11 +277,8 @@ def run_study(
     :func:`open_study`, when the caller already opened (and so checked) it."""
     progress = progress or StudyProgress()
     study, record = opened or open_study(plan, store, engine)
-    recover_orphans(study)
+    prepare_run(study, plan, engine)
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    study.sampler = make_sampler(plan.sampler, plan.seed + len(study.trials), plan.startup_trials)
-    if not any(t.user_attrs.get("baseline") and t.state in LIVE for t in study.trials):
-        enqueue_baseline(study, plan, engine)  # first run, or the baseline never finished
     remaining = max(plan.trials - len(finished), 0)
     progress.on_start(len(finished), remaining)
     if remaining == 0:
