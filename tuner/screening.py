@@ -36,7 +36,7 @@ from prefill_tuner.calibration.sources import calibrate_from_study
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.engines.sim.config import SimConfig
-from prefill_tuner.engines.sim.cost_model import StepModel
+from prefill_tuner.engines.sim.cost_model import StepModel, profile_from_record
 from prefill_tuner.errors import TunerError
 from prefill_tuner.evaluation import objective_value, verdict_of
 from prefill_tuner.plan import StudyPlan, screen_study_name
@@ -44,12 +44,21 @@ from prefill_tuner.report import summarize_stored
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study import (
+    LIVE,
     StudyProgress,
     TrialObjective,
     open_study,
     prepare_run,
     run_study,
 )
+
+SCREENING_ATTR = "screening"
+"""User attribute of the real study's Optuna study holding its :class:`Screening` (JSON), so
+that every process running its real trials (``tune run``, workers, a resumed run) reads the
+same candidates and profile."""
+GIVEN_PROFILE_ATTR = "screening_profile"
+"""User attribute holding the profile the user gave (``--profile``): screening uses it as it
+is, and never refits it."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,80 @@ class Candidate:
     """The engine settings they give."""
     screened_trial: int
     """Its trial number in the simulated study."""
+
+    def as_record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> Candidate:
+        return cls(dict(data["params"]), dict(data["settings"]), int(data["screened_trial"]))
+
+
+@dataclass(frozen=True)
+class Screening:
+    """A study's screening, done once (after its baseline) and shared by every process that
+    runs its real trials."""
+
+    candidates: tuple[Candidate, ...] = ()
+    """The simulated Pareto set, in the order real trials should try them (those tried so
+    far first)."""
+    profile: StepModel | None = None
+    """The simulator's profile: fitted to the real trials, or the one the user gave."""
+    base: SimConfig | None = None
+    """The real server's config (its defaults, context length and KV pool) as the
+    simulator takes it."""
+    refit: bool = False
+    """Refit the profile to the real trials after each one (no profile was given)."""
+    skipped: str | None = None
+    """Why there was no screening (every real trial is then proposed by the sampler)."""
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "candidates": [c.as_record() for c in self.candidates],
+            "profile": None if self.profile is None else self.profile.model_dump(mode="json"),
+            "base": None if self.base is None else self.base.model_dump(mode="json"),
+            "refit": self.refit,
+            "skipped": self.skipped,
+        }
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> Screening:
+        return cls(
+            candidates=tuple(Candidate.from_record(c) for c in data.get("candidates", [])),
+            profile=None if data.get("profile") is None else profile_from_record(data["profile"]),
+            base=None if data.get("base") is None else SimConfig.model_validate(data["base"]),
+            refit=bool(data.get("refit")),
+            skipped=data.get("skipped"),
+        )
+
+
+def load_screening(study: optuna.Study) -> Screening | None:
+    """The study's screening, or ``None`` when it has not run yet."""
+    data = study.user_attrs.get(SCREENING_ATTR)
+    return None if data is None else Screening.from_record(data)
+
+
+def save_screening(study: optuna.Study, screening: Screening) -> None:
+    study.set_user_attr(SCREENING_ATTR, screening.as_record())
+
+
+def give_profile(study: optuna.Study, profile: StepModel) -> None:
+    """Screen ``study`` with ``profile`` (``--profile``) instead of a fit to its baseline."""
+    study.set_user_attr(GIVEN_PROFILE_ATTR, profile.model_dump(mode="json"))
+
+
+def given_profile(study: optuna.Study) -> StepModel | None:
+    data = study.user_attrs.get(GIVEN_PROFILE_ATTR)
+    return None if data is None else profile_from_record(data)
+
+
+def baseline_pending(study: optuna.Study) -> bool:
+    """Whether the baseline, which screening is fitted to, has yet to finish (it is queued or
+    running, and no baseline trial is complete)."""
+    baselines = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("baseline")]
+    if any(t.state == optuna.trial.TrialState.COMPLETE for t in baselines):
+        return False
+    return any(t.state in LIVE for t in baselines)
 
 
 def server_config(store: TunerStore, record: StudyRecord) -> SimConfig:
@@ -83,7 +166,12 @@ def calibrated_profile(store: TunerStore, plan: StudyPlan) -> StepModel:
 def simulated_plan(plan: StudyPlan, trials: int) -> StudyPlan:
     """The simulated study's plan: the same trace, SLOs and space, its own name and size."""
     return dataclasses.replace(
-        plan, name=screen_study_name(plan.name), trials=trials, early_abort=False, timeout_s=None
+        plan,
+        name=screen_study_name(plan.name),
+        trials=trials,
+        early_abort=False,
+        timeout_s=None,
+        screen_trials=0,
     )
 
 
@@ -163,9 +251,94 @@ def already_run(study: optuna.Study, candidate: Candidate) -> bool:
     """Whether the real study has run (or queued) these parameters."""
     return any(
         trial.params == candidate.params
+        or trial.system_attrs.get("fixed_params") == candidate.params
         for trial in study.get_trials(deepcopy=False)
         if trial.state != optuna.trial.TrialState.FAIL
     )
+
+
+def screen(
+    plan: StudyPlan,
+    store: TunerStore,
+    record: StudyRecord,
+    study: optuna.Study,
+    say: Callable[[str], None] = lambda text: None,
+) -> Screening:
+    """Screen once, after the baseline: fit the simulator to the real trials (or take the
+    given profile), run the simulated study ``NAME-screen``, and store its Pareto set as the
+    candidates. When the simulator cannot be fitted (the baseline failed, its step log could
+    not be followed), the screening is stored as skipped, with the reason, and said."""
+    given = given_profile(study)
+    try:
+        base = server_config(store, record)
+        if given is None:
+            say("fitting the simulator to the baseline's step log…")
+        profile = given or calibrated_profile(store, plan)
+        simulated = simulated_plan(plan, plan.screen_trials)
+        stand_in = sim_engine(profile, base)
+        say(f"screening {plan.screen_trials} settings on the simulator (study {simulated.name})…")
+        run_study(
+            simulated, stand_in, store, StudyProgress(), open_study(simulated, store, stand_in)
+        )
+        candidates = candidates_of(store, simulated.name)
+    except TunerError as exc:
+        say(f"screening skipped: {exc}; every trial is proposed by the sampler")
+        screening = Screening(skipped=str(exc))
+    else:
+        screening = Screening(tuple(candidates), profile, base, refit=given is None)
+        waiting = [c for c in candidates if not already_run(study, c)]
+        if waiting:
+            say(f"{len(waiting)} simulated Pareto-optimal settings to confirm on the server")
+    save_screening(study, screening)
+    return screening
+
+
+def next_candidate(study: optuna.Study, screening: Screening | None) -> Candidate | None:
+    """The first candidate the real study has not run or queued yet."""
+    if screening is None:
+        return None
+    return next((c for c in screening.candidates if not already_run(study, c)), None)
+
+
+def enqueue_candidate(study: optuna.Study, candidate: Candidate) -> None:
+    study.enqueue_trial(candidate.params, user_attrs={"screened_from": candidate.screened_trial})
+
+
+def refine(
+    study: optuna.Study,
+    plan: StudyPlan,
+    store: TunerStore,
+    say: Callable[[str], None] = lambda text: None,
+) -> Screening | None:
+    """After a real trial: refit the profile to every real trial so far (unless it was given)
+    and re-rank the candidates still waiting with it; stored for every process. Nothing is
+    done once the candidates are spent."""
+    screening = load_screening(study)
+    if screening is None or next_candidate(study, screening) is None:
+        return screening
+    profile = screening.profile
+    if screening.refit:
+        try:
+            profile = calibrated_profile(store, plan)
+        except TunerError as exc:
+            say(f"the profile was not refitted after that trial: {exc}")
+    tried = [c for c in screening.candidates if already_run(study, c)]
+    waiting = [c for c in screening.candidates if not already_run(study, c)]
+    ranked = rerank(waiting, profile, plan, screening.base)
+    refined = dataclasses.replace(screening, candidates=(*tried, *ranked), profile=profile)
+    save_screening(study, refined)
+    return refined
+
+
+def predictor(
+    screening: Screening | None, plan: StudyPlan
+) -> Callable[[dict[str, Any]], dict[str, Any] | None] | None:
+    """What the simulator predicts for a real trial's settings, with the screening's current
+    profile (``None`` before the screening: the baseline is what the profile is fitted to)."""
+    if screening is None or screening.profile is None or screening.base is None:
+        return None
+    profile, base = screening.profile, screening.base
+    return lambda settings: predict(profile, plan, settings, base)
 
 
 def run_screened_study(
@@ -174,14 +347,12 @@ def run_screened_study(
     store: TunerStore,
     opened: tuple[optuna.Study, StudyRecord],
     *,
-    screen_trials: int,
-    profile: StepModel | None = None,
     progress: StudyProgress | None = None,
     say: Callable[[str], None] = lambda text: None,
 ) -> optuna.Study:
     """Run a real-engine study to ``plan.trials`` finished trials the screened way (module
-    docs). Falls back to the plain study, saying why, when the simulator cannot be fitted
-    (the baseline failed, or its step log could not be followed)."""
+    docs). Falls back to the study's sampler, saying why, when the simulator cannot be
+    fitted (the baseline failed, or its step log could not be followed)."""
     if plan.objective_mode != "latency":
         raise TunerError("--screen: only for latency studies (capacity bisects on the server)")
     progress = progress or StudyProgress()
@@ -192,82 +363,65 @@ def run_screened_study(
     def complete() -> int:
         return sum(1 for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
 
+    def objective(screening: Screening | None, whole: bool = False) -> TrialObjective:
+        finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        # The baseline is replayed to the end even when it misses the SLOs: its whole step
+        # log (and its TTFTs, not lower bounds of them) is what the simulator is fitted to.
+        run_plan = dataclasses.replace(plan, early_abort=False) if whole else plan
+        return TrialObjective(
+            run_plan,
+            engine,
+            store,
+            record,
+            progress,
+            finished,
+            standalone=True,
+            predict=predictor(screening, plan),
+        )
+
+    def time_left() -> float | None:
+        return None if deadline is None else deadline - time.monotonic()
+
     progress.on_start(complete(), max(plan.trials - complete(), 0))
-    current: dict[str, Any] = {"profile": profile, "base": None}
-
-    def predicted(settings: dict[str, Any]) -> dict[str, Any] | None:
-        if current["profile"] is None or current["base"] is None:
-            return None  # the baseline: it is what the profile is fitted to
-        return predict(current["profile"], plan, settings, current["base"])
-
-    finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    objective = TrialObjective(
-        plan, engine, store, record, progress, finished, standalone=True, predict=predicted
-    )
-    baseline_done = any(
-        t.user_attrs.get("baseline") and t.state == optuna.trial.TrialState.COMPLETE
-        for t in study.trials
-    )
-    if not baseline_done and complete() < plan.trials:
-        # Replayed to the end even when it misses the SLOs: its whole step log (and its
-        # TTFTs, not lower bounds of them) is what the simulator is fitted to.
-        whole = dataclasses.replace(plan, early_abort=False)
-        baseline = TrialObjective(
-            whole, engine, store, record, progress, finished, standalone=True, predict=predicted
-        )
-        study.optimize(baseline, n_trials=1, catch=())
-    candidates: list[Candidate] = []
-    try:
-        current["base"] = server_config(store, record)
-        if profile is None:
-            say("fitting the simulator to the baseline's step log…")
-            current["profile"] = calibrated_profile(store, plan)
-        simulated = simulated_plan(plan, screen_trials)
-        stand_in = sim_engine(current["profile"], current["base"])
-        say(f"screening {screen_trials} settings on the simulator (study {simulated.name})…")
-        run_study(
-            simulated, stand_in, store, StudyProgress(), open_study(simulated, store, stand_in)
-        )
-        candidates = candidates_of(store, simulated.name)
-    except TunerError as exc:
-        say(f"screening skipped: {exc}; every trial is proposed by the sampler")
-    candidates = [c for c in candidates if not already_run(study, c)]
-    if candidates:
-        say(f"{len(candidates)} simulated Pareto-optimal settings to confirm on the server")
-    while candidates and complete() < plan.trials:
-        if deadline is not None and time.monotonic() >= deadline:
-            return study  # --timeout: no trial starts after it
-        candidate = candidates.pop(0)
-        study.enqueue_trial(
-            candidate.params, user_attrs={"screened_from": candidate.screened_trial}
-        )
-        study.optimize(objective, n_trials=1, catch=())
-        if profile is None:
-            try:
-                current["profile"] = calibrated_profile(store, plan)
-            except TunerError as exc:
-                say(f"the profile was not refitted after that trial: {exc}")
-        candidates = rerank(
-            [c for c in candidates if not already_run(study, c)],
-            current["profile"],
-            plan,
-            current["base"],
-        )
+    screening = load_screening(study)
+    if baseline_pending(study) and complete() < plan.trials:
+        study.optimize(objective(screening, whole=True), n_trials=1, catch=())
+    if screening is None and complete() < plan.trials:
+        screening = screen(plan, store, record, study, say)
+    while complete() < plan.trials:
+        left = time_left()
+        candidate = next_candidate(study, screening)
+        if candidate is None or (left is not None and left <= 0):
+            break
+        enqueue_candidate(study, candidate)
+        study.optimize(objective(screening), n_trials=1, catch=())
+        screening = refine(study, plan, store, say)
     remaining = max(plan.trials - complete(), 0)
-    left = None if deadline is None else deadline - time.monotonic()
+    left = time_left()
     if remaining and (left is None or left > 0):
-        study.optimize(objective, n_trials=remaining, timeout=left, catch=())
+        study.optimize(objective(screening), n_trials=remaining, timeout=left, catch=())
     return study
 
 
 __all__ = [
     "Candidate",
+    "Screening",
     "already_run",
+    "baseline_pending",
     "calibrated_profile",
     "candidates_of",
+    "enqueue_candidate",
+    "give_profile",
+    "given_profile",
+    "load_screening",
+    "next_candidate",
     "predict",
+    "predictor",
+    "refine",
     "rerank",
     "run_screened_study",
+    "save_screening",
+    "screen",
     "server_config",
     "sim_engine",
     "simulated_plan",

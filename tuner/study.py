@@ -306,12 +306,12 @@ class TrialObjective:
         self.plan, self.engine, self.store, self.record = plan, engine, store, record
         self.progress = progress
         self.standalone = standalone
-        self.predict = predict
-        """What the simulator predicts for a trial's settings (screened studies), stored
-        beside what the trial measures."""
         """Trials run by this process alone (``tune run``): it marks them with its identity
         and queues an interrupted one again itself (workers have heartbeats and
         :func:`~prefill_tuner.worker.claim.give_up` for that)."""
+        self.predict = predict
+        """What the simulator predicts for a trial's settings (screened studies), stored
+        beside what the trial measures."""
         self.max_model_len = engine.max_model_len(dict(plan.space.fixed))
         # Worst objective values seen, for pessimistic values of failed trials.
         self.worst: list[float | None] = [None] * len(plan.objectives)

@@ -218,17 +218,24 @@ class WorkerDisplay:
                 "--grace) and queued again; this result is dropped"
             ),
             gave_up=self._gave_up,
+            screening=self.say,
         )
 
     def _claimed(self, claim: Claimed) -> None:
         retry = f" (retry of trial {claim.retry_of})" if claim.retry_of is not None else ""
+        screened = claim.trial.user_attrs.get("screened_from")
+        if screened is not None:
+            retry += f" (simulated trial {screened}'s settings)"
         self.say(f"trial {claim.trial.number} started{retry}")
 
     def _finished(self, result: TrialResult) -> None:
         self.say(trial_line(result, self.plan.objectives))
 
     def _waiting(self, wait: Wait) -> None:
-        self.say(f"waiting: {wait.running} trial(s) still running on other workers")
+        if wait.for_baseline:
+            self.say("waiting for the baseline, running on another worker: the screening needs it")
+        else:
+            self.say(f"waiting: {wait.running} trial(s) still running on other workers")
 
     def _gave_up(self, number: int | None) -> None:
         self.interrupted = True

@@ -24,6 +24,7 @@ from prefill_tuner.cli.options import (
     TRACE,
     ErrorBudgetOpt,
     ModelOpt,
+    ScreenOpt,
     SeedOpt,
     SloOpt,
     StorageOpt,
@@ -31,6 +32,7 @@ from prefill_tuner.cli.options import (
     with_options,
 )
 from prefill_tuner.engines.factory import EngineOptions, build_engine
+from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.nightly.retune import NightlyPlan, retune
 from prefill_tuner.plan import SpaceSpec, build_plan, check_study_name
 from prefill_tuner.storage.store import TunerStore
@@ -88,6 +90,7 @@ def nightly_command(
     model: ModelOpt = defaults.MODEL,
     seed: SeedOpt = 0,
     error_budget: ErrorBudgetOpt = 0.0,
+    screen: ScreenOpt = 0,
     *,
     engine: EngineOptions,
     trace: TraceChoice,
@@ -109,6 +112,7 @@ def nightly_command(
         trials=trials,
         error_budget=error_budget,
         seed=seed,
+        screen_trials=screen,
     )
     nightly = NightlyPlan(
         family=study,
@@ -117,6 +121,9 @@ def nightly_command(
         repeats=repeats,
         min_gain=min_gain,
         deadline_s=deadline,
+        screen_profile=(
+            load_profile(engine.profile) if screen and engine.profile != defaults.PROFILE else None
+        ),
     )
     err = error_console()
     store = TunerStore(storage)  # a damaged storage fails before the first trial

@@ -70,6 +70,16 @@ ErrorBudgetOpt = Annotated[
         help="Share of requests allowed to fail without violating the SLOs.",
     ),
 ]
+ScreenOpt = Annotated[
+    int,
+    typer.Option(
+        "--screen",
+        min=0,
+        help="--engine vllm: after the baseline, fit the simulator to its step log (or use "
+        "--profile), simulate this many trials, and run their Pareto-optimal settings on the "
+        "server first (0: off). Workers of the study share the screening.",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 

@@ -25,6 +25,7 @@ from prefill_tuner.cli.options import (
     TRACE,
     ErrorBudgetOpt,
     ModelOpt,
+    ScreenOpt,
     SeedOpt,
     SloOpt,
     StorageOpt,
@@ -35,10 +36,9 @@ from prefill_tuner.cli.options import (
 )
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim.cost_model import load_profile
-from prefill_tuner.errors import TunerError
 from prefill_tuner.plan import SpaceSpec, build_plan
 from prefill_tuner.report import render_summary, summarize_stored
-from prefill_tuner.screening import run_screened_study
+from prefill_tuner.screening import give_profile, run_screened_study
 from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.study import baseline_outside, open_study, run_study
 from prefill_tuner.worker.definition import definition_of
@@ -98,16 +98,7 @@ def run_command(
             "is judged on lower bounds of what it would have measured).",
         ),
     ] = True,
-    screen: Annotated[
-        int,
-        typer.Option(
-            "--screen",
-            min=0,
-            help="--engine vllm: after the baseline, fit the simulator to its step log "
-            "(or use --profile), simulate this many trials, and run their Pareto-optimal "
-            "settings on the server first (0: off).",
-        ),
-    ] = 0,
+    screen: ScreenOpt = 0,
     *,
     engine: EngineOptions,
     trace: TraceChoice,
@@ -118,13 +109,6 @@ def run_command(
     interrupted (the same command resumes)."""
     err = error_console()
     bundled = trace_file == defaults.SAMPLE_TRACE
-    if screen:
-        if engine.engine != "vllm":
-            raise TunerError("--screen: only with --engine vllm (it screens for a real server)")
-        if create_only:
-            raise TunerError("--screen: not with --create-only (workers do not screen yet)")
-        if objective != "latency":
-            raise TunerError("--screen: only with --objective latency")
     given_profile = load_profile(engine.profile) if engine.profile != defaults.PROFILE else None
     trial_engine = build_engine(dataclasses.replace(engine, model=model))
     plan = build_plan(
@@ -143,11 +127,14 @@ def run_command(
         seed=seed,
         capacity_tolerance=capacity_tolerance,
         early_abort=early_abort,
+        screen_trials=screen,
     )
     store = TunerStore(storage)  # a damaged storage fails before the first trial
     quiet_optuna()
     opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
     store.record_definition(opened[1], trials, definition_of(plan, sort=trace.sort))
+    if screen and given_profile is not None:
+        give_profile(opened[0], given_profile)
     if bundled:
         err.print(
             "no --trace given: tuning on the bundled sample (4 minutes of the Mooncake "
@@ -190,8 +177,6 @@ def run_command(
                     trial_engine,
                     store,
                     opened,
-                    screen_trials=screen,
-                    profile=given_profile,
                     progress=display.progress,
                     say=lambda text: err.print(escape(text), soft_wrap=True),
                 )

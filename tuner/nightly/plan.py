@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefill_tuner import defaults
+from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.plan import StudyPlan
 
 
@@ -22,3 +23,6 @@ class NightlyPlan:
     min_gain: float = defaults.MIN_GAIN
     deadline_s: float | None = None
     """Wall-clock limit for the whole night; the search gets what the measurements leave."""
+    screen_profile: StepModel | None = None
+    """The simulator profile to screen with (``--profile``); ``None``: fitted to the night's
+    baseline (when the plan screens at all)."""

@@ -30,6 +30,7 @@ from prefill_tuner.nightly.report import write_outputs
 from prefill_tuner.objectives.scoring import statistic
 from prefill_tuner.plan import StudyPlan
 from prefill_tuner.report import summarize_study
+from prefill_tuner.screening import give_profile, run_screened_study
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.space import knob_availability
@@ -105,7 +106,14 @@ def retune(
         timeout = nightly.deadline_s - (time.monotonic() - started) - max(measuring_s, 0.0)
     if timeout is None or timeout > 0:
         searched = replace(plan, timeout_s=timeout)
-        study = run_study(searched, engine, store, progress, (study, record))
+        if plan.screen_trials:
+            if nightly.screen_profile is not None:
+                give_profile(study, nightly.screen_profile)
+            study = run_screened_study(
+                searched, engine, store, (study, record), progress=progress, say=say
+            )
+        else:
+            study = run_study(searched, engine, store, progress, (study, record))
     else:
         say("the deadline left no time to search: the incumbent is kept if it holds")
 

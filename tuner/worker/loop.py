@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
+from prefill_tuner.screening import load_screening, predictor, refine
 from prefill_tuner.study import StudyProgress, TrialObjective, TrialResult
 from prefill_tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
 from prefill_tuner.worker.heartbeat import Heartbeat
@@ -28,6 +29,8 @@ class WorkerEvents:
     were late by more than the grace period) and queued again; this worker's result is dropped."""
     gave_up: Callable[[int | None], None] = lambda number: None
     """Ctrl-C: the running trial (its number) was failed and queued again."""
+    screening: Callable[[str], None] = lambda text: None
+    """What the screening (of a screened study) is doing in this worker."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ def run_worker(
     ran = 0
     was_waiting = False
     while True:
-        claim = claim_trial(shared)
+        claim = claim_trial(shared, events.screening)
         if isinstance(claim, Done):
             return WorkerSummary(ran=ran, complete=claim.complete)
         if isinstance(claim, Wait):
@@ -61,7 +64,10 @@ def run_worker(
             continue
         was_waiting = False
         events.claimed(claim)
-        ran += _run_trial(shared, claim, heartbeat_interval, events)
+        completed = _run_trial(shared, claim, heartbeat_interval, events)
+        ran += completed
+        if completed and shared.plan.screen_trials:
+            refine(shared.study, shared.plan, shared.store, events.screening)
 
 
 def _run_trial(
@@ -77,6 +83,7 @@ def _run_trial(
         shared.record,
         StudyProgress(on_trial=events.finished),
         finished,
+        predict=predictor(load_screening(study), shared.plan),
     )
     try:
         with Heartbeat(shared.storage, claim.trial_id, heartbeat_interval):

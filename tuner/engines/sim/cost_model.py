@@ -42,7 +42,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import yaml
@@ -364,6 +364,17 @@ StepModel = ConstantProfile | RooflineProfile | FittedProfile
 
 Profile = Annotated[StepModel, Field(discriminator="kind")]
 _PROFILE = TypeAdapter(Profile)
+
+
+def profile_from_record(data: Any) -> StepModel:
+    """A profile back from its JSON record (``model_dump(mode="json")``), as stored with a
+    study; a one-line error when it is not one."""
+    try:
+        return _PROFILE.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise TunerError(f"stored profile: field '{where}': {first['msg']}") from None
 
 
 def builtin_profiles() -> list[str]:
