@@ -63,6 +63,18 @@ def test_candidates_are_the_front_recommended_first_then_spread(tune, tmp_path: 
     distances = {c.screened_trial: math.dist(point(c.screened_trial), first) for c in candidates}
     assert distances[candidates[1].screened_trial] == max(distances.values())
     assert all(c.params == by_number[c.screened_trial].params for c in candidates)
+    # Beyond the front, up to the limit: the other feasible settings, best ranked first.
+    longer = candidates_of(store, "s-screen", limit=len(candidates) + 3)
+    assert longer[: len(candidates)] == candidates
+    assert len(candidates) < len(longer) <= len(candidates) + 3
+    trials = {t.trial_number: t for t in store.trials(store.get_study("s-screen"))}
+    extra = [trials[c.screened_trial] for c in longer[len(candidates) :]]
+    assert all(t.feasible and t.trial_number not in by_number for t in extra)
+    limits = {"p99_tpot": 0.030, "p99_ttft": 2.0}  # every objective SLO'd: the bars
+    worst = [round(max(t.objectives[n] / limits[n] for n in limits), 2) for t in extra]
+    assert worst == sorted(worst)
+    outcomes = [tuple(trials[c.screened_trial].objectives.values()) for c in longer]
+    assert len(set(outcomes)) == len(outcomes)  # one setting per predicted outcome
 
 
 def test_rerank_moves_predicted_misses_back_and_keeps_the_order(monkeypatch) -> None:

@@ -79,10 +79,21 @@ def recommend(
 ) -> TrialRecord | None:
     """The trial :data:`RULE` picks from the Pareto front (``None`` when it is empty)."""
     reference = references(objectives, pareto, baseline, limits)
+    return min(
+        pareto,
+        key=lambda trial: rank_key(trial, objectives, directions, reference),
+        default=None,
+    )
 
-    def key(trial: TrialRecord) -> tuple[float, ...]:
-        values = ratios(trial, objectives, directions, reference).values()
-        worst_first = sorted((round(v, PRECISION) for v in values), reverse=True)
-        return (*worst_first, trial.trial_number)
 
-    return min(pareto, key=key, default=None)
+def rank_key(
+    trial: TrialRecord,
+    objectives: Sequence[str],
+    directions: Sequence[str],
+    reference: Mapping[str, float],
+) -> tuple[float, ...]:
+    """:data:`RULE`'s order: the worst ratio first, then the next worst, then the earlier
+    trial (smaller is better)."""
+    values = ratios(trial, objectives, directions, reference).values()
+    worst_first = sorted((round(v, PRECISION) for v in values), reverse=True)
+    return (*worst_first, trial.trial_number)

@@ -11,10 +11,16 @@ real-engine study with screening (``tune run --engine vllm --screen N``) runs:
    own config (its defaults, ``max_model_len`` and KV pool) as the simulator's defaults; it is
    kept in the same storage as ``NAME-screen``, never mixed with the real trials;
 4. real trials of its Pareto-optimal settings, the recommended one first, then the others in
-   an order that spreads over the front (farthest from those already chosen first); after each
-   real trial the profile is fitted again and a candidate it now predicts to miss the SLOs
-   goes to the back;
+   an order that spreads over the front (farthest from those already chosen first), then,
+   when the front is small, the settings it ranks next (up to :data:`CANDIDATE_SHARE` of the
+   real trials); after each real trial the profile is fitted again and a candidate it now
+   predicts to miss the SLOs goes to the back;
 5. once the candidates are spent, the study's own sampler on real trials.
+
+The screening is stored with the study (:class:`Screening`, in the Optuna study's user
+attributes) and runs once, whoever gets there first after the baseline: ``tune run``, or one
+of the study's workers (``tune worker`` waits for the baseline, screens under the study's
+lock, and queues one candidate per claim); a resumed run reads it back.
 
 Every real trial stores what the simulator predicted for it (``details.predicted``) beside
 what was measured; the result is computed from the real trials alone.
@@ -39,7 +45,9 @@ from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel, profile_from_record
 from prefill_tuner.errors import TunerError
 from prefill_tuner.evaluation import objective_value, verdict_of
+from prefill_tuner.objectives.slo import parse_slos
 from prefill_tuner.plan import StudyPlan, screen_study_name
+from prefill_tuner.recommend import rank_key, references
 from prefill_tuner.report import summarize_stored
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
@@ -56,6 +64,10 @@ SCREENING_ATTR = "screening"
 """User attribute of the real study's Optuna study holding its :class:`Screening` (JSON), so
 that every process running its real trials (``tune run``, workers, a resumed run) reads the
 same candidates and profile."""
+CANDIDATE_SHARE = 0.5
+"""Share of the real trials (after the baseline) that the screening's candidates may take
+when its Pareto front is smaller: the rest go to the sampler, which learns from the real
+server rather than from the simulator's picture of it."""
 GIVEN_PROFILE_ATTR = "screening_profile"
 """User attribute holding the profile the user gave (``--profile``): screening uses it as it
 is, and never refits it."""
@@ -196,21 +208,40 @@ def predict(
     }
 
 
-def candidates_of(store: TunerStore, simulated: str) -> list[Candidate]:
-    """The Pareto-optimal settings of the simulated study ``simulated``, in the order real
-    trials should try them: the recommended one first, then each time the one farthest (in
-    log objective space) from those already chosen; with no feasible setting, the closest
-    ones."""
+def candidates_of(store: TunerStore, simulated: str, limit: int = 0) -> list[Candidate]:
+    """The settings the simulated study ``simulated`` found best, in the order real trials
+    should try them: its Pareto set (with no feasible setting, the closest ones), the
+    recommended one first, then each time the one farthest (in log objective space) from
+    those already chosen; then, while fewer than ``limit``, its other feasible settings in
+    the recommendation's order (a front of one or two leaves the real budget to settings
+    the simulator ranks next, rather than to a sampler that knows nothing yet)."""
     summary = summarize_stored(store, simulated)
     front = list(summary.pareto) or list(summary.closest)
     if not front:
         return []
     first = summary.recommended or front[0]
     ordered = [first, *_spread([t for t in front if t is not first], [first], summary.objectives)]
-    return [
-        Candidate(params=dict(t.params), settings=dict(t.settings), screened_trial=t.trial_number)
-        for t in ordered
-    ]
+    if len(ordered) < limit:
+        limits = {slo.name: slo.limit_s for slo in parse_slos(list(summary.study.slos))}
+        reference = references(summary.objectives, summary.pareto, summary.baseline, limits)
+        others = sorted(
+            (t for t in store.trials(summary.study) if t.feasible and t.status == "complete"),
+            key=lambda t: rank_key(t, summary.objectives, summary.directions, reference),
+        )
+        measured = {tuple(t.objectives.values()) for t in ordered}
+        for trial in others:  # one per predicted outcome: a tie adds nothing to learn
+            if len(ordered) >= limit:
+                break
+            if tuple(trial.objectives.values()) not in measured:
+                measured.add(tuple(trial.objectives.values()))
+                ordered.append(trial)
+    candidates: list[Candidate] = []
+    for trial in ordered:  # settings two parameter sets share are tried once
+        if all(c.settings != trial.settings for c in candidates):
+            candidates.append(
+                Candidate(dict(trial.params), dict(trial.settings), trial.trial_number)
+            )
+    return candidates
 
 
 def _spread(
@@ -280,7 +311,8 @@ def screen(
         run_study(
             simulated, stand_in, store, StudyProgress(), open_study(simulated, store, stand_in)
         )
-        candidates = candidates_of(store, simulated.name)
+        limit = math.ceil(CANDIDATE_SHARE * (plan.trials - 1))
+        candidates = candidates_of(store, simulated.name, limit)
     except TunerError as exc:
         say(f"screening skipped: {exc}; every trial is proposed by the sampler")
         screening = Screening(skipped=str(exc))

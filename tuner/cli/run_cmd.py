@@ -157,6 +157,12 @@ def run_command(
             escape(f"study {plan.name} recorded with a target of {trials} trials; run them with"),
             soft_wrap=True,
         )
+        if screen:
+            err.print(
+                f"the first worker after the baseline screens {screen} settings on the "
+                "simulator; every worker then confirms its candidates first",
+                soft_wrap=True,
+            )
         output_console().print(escape(shlex.join(worker)), soft_wrap=True)
         if hidden:
             err.print(
