@@ -8,11 +8,15 @@ import dataclasses
 import math
 from pathlib import Path
 
+import optuna
 from optuna.trial import TrialState
 
 from prefill_tuner import defaults, screening
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.nightly.plan import NightlyPlan
+from prefill_tuner.nightly.retune import retune
+from prefill_tuner.plan import TraceSpec, build_plan
 from prefill_tuner.report import find_study, summarize_stored
 from prefill_tuner.screening import Candidate, candidates_of, rerank
 from prefill_tuner.storage.store import TunerStore
@@ -214,3 +218,33 @@ def test_a_resumed_screened_run_keeps_its_screening_and_goes_on_with_the_candida
     assert [t.user_attrs.get("screened_from") for t in study.trials[1:]] == [
         c.screened_trial for c in state.candidates[:4]
     ]
+
+
+def test_a_screened_night_screens_its_generation(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    engine = SimEngine(load_profile(defaults.PROFILE))  # standing in for the real server
+    plan = build_plan(
+        engine,
+        TraceSpec(tiny_trace(tmp_path)),
+        slos=["p99_tpot=50ms", "p99_ttft=2s"],
+        name="night",
+        storage_url=storage,
+        trials=4,
+    )
+    nightly = NightlyPlan(
+        family="night",
+        plan=dataclasses.replace(plan, screen_trials=SCREENED),
+        report_dir=tmp_path / "reports",
+        repeats=1,
+        screen_profile=load_profile(defaults.PROFILE),
+    )
+    said: list[str] = []
+    outcome = retune(nightly, engine, TunerStore(storage), say=said.append)
+    assert outcome.study_name == "night-g1"
+    study = optuna.load_study(study_name="night-g1", storage=storage)
+    state = screening.load_screening(study)
+    assert state is not None and state.candidates and not state.refit  # the given profile
+    store = TunerStore(storage)
+    assert len(store.trials(store.get_study("night-g1-screen"))) == SCREENED
+    screened = [t.user_attrs.get("screened_from") for t in study.trials]
+    assert screened[1] == state.candidates[0].screened_trial, said

@@ -320,7 +320,8 @@ def screen(
         screening = Screening(tuple(candidates), profile, base, refit=given is None)
         waiting = [c for c in candidates if not already_run(study, c)]
         if waiting:
-            say(f"{len(waiting)} simulated Pareto-optimal settings to confirm on the server")
+            count = f"{len(waiting)} setting{'s' * (len(waiting) > 1)}"
+            say(f"{count} the simulator ranks best to confirm on the server")
     save_screening(study, screening)
     return screening
 
