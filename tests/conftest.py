@@ -27,6 +27,12 @@ BURSTGPT = TRACES / "burstgpt1_head400.csv"
 POSTGRES_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
+# Every `tune run` and `tune nightly` writes an HTML report at the end, a few seconds and
+# 5 MB each: the tests that are about something else say --no-report this way (those about the
+# report remove it: tests/test_html_report.py).
+os.environ["TUNE_NO_REPORT"] = "1"
+
+
 @pytest.fixture
 def tune(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable:
     """Run the real console entry point in-process: returns (exit code, stdout, stderr)."""

@@ -34,3 +34,8 @@ GRACE_S = 60
 
 SAMPLE_TRACE = Path(__file__).resolve().parent / "data" / "sample_trace.jsonl"
 """The trace ``tune run`` replays when none is given (see ``data/README.md``)."""
+
+
+def report_path(study: str) -> Path:
+    """Where ``tune run`` and ``tune report`` write a study's HTML report by default."""
+    return Path(f"{study}-report.html")

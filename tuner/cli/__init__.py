@@ -14,6 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from prefill_tuner import __version__, exit_codes
 from prefill_tuner.cli.calibrate_cmd import calibrate_command
 from prefill_tuner.cli.nightly_cmd import nightly_command
+from prefill_tuner.cli.report_cmd import report_command
 from prefill_tuner.cli.results_cmd import export_command, pareto_command
 from prefill_tuner.cli.run_cmd import run_command
 from prefill_tuner.cli.simulate_cmd import simulate_command
@@ -38,6 +39,7 @@ app.add_typer(trace_app, name="trace")
 app.command("run")(run_command)
 app.command("pareto")(pareto_command)
 app.command("export")(export_command)
+app.command("report")(report_command)
 app.command("worker")(worker_command)
 app.command("nightly")(nightly_command)
 app.command("simulate")(simulate_command)

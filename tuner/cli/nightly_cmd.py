@@ -24,6 +24,7 @@ from prefill_tuner.cli.options import (
     TRACE,
     ErrorBudgetOpt,
     ModelOpt,
+    NoReportOpt,
     ScreenOpt,
     SeedOpt,
     SloOpt,
@@ -33,6 +34,7 @@ from prefill_tuner.cli.options import (
 )
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim.cost_model import load_profile
+from prefill_tuner.html_report import write_report
 from prefill_tuner.nightly.retune import NightlyPlan, retune
 from prefill_tuner.plan import SpaceSpec, build_plan, check_study_name
 from prefill_tuner.storage.store import TunerStore
@@ -91,6 +93,7 @@ def nightly_command(
     seed: SeedOpt = 0,
     error_budget: ErrorBudgetOpt = 0.0,
     screen: ScreenOpt = 0,
+    no_report: NoReportOpt = False,
     *,
     engine: EngineOptions,
     trace: TraceChoice,
@@ -157,4 +160,7 @@ def nightly_command(
     if outcome.serve_command:
         out.print(escape(outcome.serve_command))
     out.print(escape(f"report: {outcome.report_path}"))
+    if not no_report:
+        page = write_report(store, outcome.study_name, outcome.report_path.with_suffix(".html"))
+        out.print(escape(f"report: {page}"))
     raise typer.Exit(outcome.exit_code)

@@ -70,6 +70,14 @@ ErrorBudgetOpt = Annotated[
         help="Share of requests allowed to fail without violating the SLOs.",
     ),
 ]
+NoReportOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-report",
+        envvar="TUNE_NO_REPORT",
+        help="Write no HTML report at the end (also: TUNE_NO_REPORT=1).",
+    ),
+]
 ScreenOpt = Annotated[
     int,
     typer.Option(

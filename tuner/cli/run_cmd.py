@@ -25,6 +25,7 @@ from prefill_tuner.cli.options import (
     TRACE,
     ErrorBudgetOpt,
     ModelOpt,
+    NoReportOpt,
     ScreenOpt,
     SeedOpt,
     SloOpt,
@@ -36,6 +37,8 @@ from prefill_tuner.cli.options import (
 )
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim.cost_model import load_profile
+from prefill_tuner.files import check_output
+from prefill_tuner.html_report import write_report
 from prefill_tuner.plan import SpaceSpec, build_plan
 from prefill_tuner.report import render_summary, summarize_stored
 from prefill_tuner.screening import give_profile, run_screened_study
@@ -99,6 +102,15 @@ def run_command(
         ),
     ] = True,
     screen: ScreenOpt = 0,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            help="Where to write the HTML report at the end.",
+            show_default="STUDY-report.html",
+        ),
+    ] = None,
+    no_report: NoReportOpt = False,
     *,
     engine: EngineOptions,
     trace: TraceChoice,
@@ -129,6 +141,9 @@ def run_command(
         early_abort=early_abort,
         screen_trials=screen,
     )
+    report_path = None if no_report or create_only else report or defaults.report_path(plan.name)
+    if report_path is not None:
+        check_output(report_path)  # before any trial: a report that cannot be written
     store = TunerStore(storage)  # a damaged storage fails before the first trial
     quiet_optuna()
     opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
@@ -194,6 +209,8 @@ def run_command(
         err.print("interrupted: every finished trial is kept; run the same command to resume")
     summary = summarize_stored(store, plan.name)
     output_console().print(render_summary(summary), crop=False)
+    if report_path is not None and summary.finished and not interrupted:
+        err.print(f"report: {write_report(store, plan.name, report_path)}", markup=False)
     if interrupted:
         raise typer.Exit(exit_codes.INTERRUPTED)
     if summary.recommended is None:

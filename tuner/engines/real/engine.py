@@ -49,6 +49,7 @@ from prefill_tuner.redaction import redact, redact_args, remember, secret_values
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import flag_name, serve_args
 from prefill_tuner.search_spaces.space import EngineCapabilities, effective_settings
+from prefill_tuner.timeline import build_timeline, real_steps
 from prefill_tuner.trace.model import Trace
 
 ITERATION_FLAG = "--enable-logging-iteration-details"
@@ -252,6 +253,9 @@ class VllmEngine:
             "overhead_s": overhead,
             "server_metrics": watched.watch.summary(),
             "server_steps": {**step_summary(steps), "trace": str(steps_path)},
+            "timeline": build_timeline(
+                trace, result.records, real_steps(steps, result.started_unix_s)
+            ),
         }
         if watched.served_config:
             details["config_mismatches"] = config_mismatches(resolved, watched.served_config)

@@ -125,6 +125,8 @@ class ReplayResult:
     lateness_s: np.ndarray
     """How far behind its scheduled time each request was sent."""
     wall_s: float
+    started_unix_s: float = 0.0
+    """The Unix time of the replay's clock zero (to place a server's logged steps on it)."""
 
     @property
     def client_bound(self) -> bool:
@@ -154,6 +156,7 @@ async def replay(
         base_url=base_url, limits=limits, timeout=timeout, headers=headers
     ) as client:
         state.started = started = time.monotonic()
+        started_unix = time.time()
 
         async def one(index: int, request: Request) -> RequestRecord:
             delay = started + request.arrival_s - time.monotonic()
@@ -206,7 +209,9 @@ async def replay(
                     )
                 )
         wall = time.monotonic() - started
-    return ReplayResult(records=records, lateness_s=lateness, wall_s=wall)
+    return ReplayResult(
+        records=records, lateness_s=lateness, wall_s=wall, started_unix_s=started_unix
+    )
 
 
 async def _send(

@@ -1,0 +1,406 @@
+"""``tune report``: one self-contained HTML file explaining a study's recommendation.
+
+It works offline (plotly.js is embedded once, no CDN, no request to any server) and holds: the
+study's definition, every trial on the Pareto plot, Optuna's history and importance plots,
+the baseline against the recommended setting (latency CDFs, the step and inter-token timeline
+around the longest prompt's arrival, the load over the run), the sortable trial table, and
+the recommended serve line and ``--config`` YAML, copyable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import plotly.graph_objects as go
+import plotly.offline
+
+from prefill_tuner.errors import TunerError
+from prefill_tuner.files import atomic_text
+from prefill_tuner.html_report.figures import (
+    cdf_figure,
+    load_figure,
+    optuna_figures,
+    pareto_figure,
+    timeline_figure,
+)
+from prefill_tuner.objectives.slo import format_seconds, parse_slos
+from prefill_tuner.recommend import RULE
+from prefill_tuner.report import StudySummary, summarize_stored
+from prefill_tuner.search_spaces.render import command_yaml
+from prefill_tuner.storage.models import StudyRecord, TrialRecord
+from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.timeline import simulated_timeline
+from prefill_tuner.trace import ShapeOptions, load_trace
+from prefill_tuner.trace.model import Trace
+from prefill_tuner.trace.stats import trace_stats
+
+SECTIONS = (
+    ("definition", "Study"),
+    ("pareto", "Trials and Pareto front"),
+    ("history", "History and importance"),
+    ("comparison", "Baseline vs recommended"),
+    ("trials", "All trials"),
+    ("serve", "Serve it"),
+)
+
+
+@dataclass(frozen=True)
+class Compared:
+    """The two trials the comparison section draws, with their timelines (or why not)."""
+
+    runs: list[tuple[str, dict[str, Any]]]
+    note: str | None
+
+
+def write_report(store: TunerStore, study_name: str, path: Path) -> Path:
+    """Write study ``study_name``'s report to ``path`` (atomically); returns ``path``."""
+    text = render_report(store, study_name)
+    with atomic_text(path) as stream:
+        stream.write(text)
+    return path
+
+
+def render_report(store: TunerStore, study_name: str) -> str:
+    """The report's HTML."""
+    summary = summarize_stored(store, study_name)
+    record = summary.study
+    trials = sorted(store.trials(record), key=lambda t: t.trial_number)
+    try:
+        study = optuna.load_study(study_name=record.name, storage=store.url)
+    except KeyError:
+        raise TunerError(f"study {record.name}: no Optuna study of that name") from None
+    limits = {slo.name: slo.limit_s for slo in parse_slos(list(record.slos))}
+    trace, trace_note = study_trace(record)
+    compared = comparison(summary, trace, trace_note)
+    figures: dict[str, Any] = {
+        "pareto": pareto_figure(
+            trials, summary.objectives, summary.pareto, limits, summary.recommended
+        )
+    }
+    body = [
+        _nav(),
+        _section("definition", _definition(record, summary, trials, trace, trace_note)),
+        _section("pareto", _figure("fig-pareto", figures["pareto"])),
+        _section("history", _optuna_section(study, summary.objectives)),
+        _section("comparison", _comparison_section(compared)),
+        _section("trials", _trial_table(trials, summary)),
+        _section("serve", _serve_section(summary)),
+    ]
+    title = f"tune report: {record.name}"
+    return PAGE.format(
+        title=html.escape(title),
+        style=STYLE,
+        plotly=plotly.offline.get_plotlyjs(),
+        body="\n".join(body),
+        script=SCRIPT,
+    )
+
+
+def study_trace(record: StudyRecord) -> tuple[Trace | None, str | None]:
+    """The study's trace, shaped as the study shaped it, when this machine still has it
+    unchanged (else ``None`` and why)."""
+    path = Path(record.trace_path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return None, f"the study's trace {path} cannot be read here ({exc.strerror or exc})"
+    if hashlib.sha256(data).hexdigest() != record.trace_sha256:
+        return None, f"the study's trace {path} has changed since the study ran"
+    try:
+        shaping = ShapeOptions.model_validate(record.shaping)
+        sort = bool((record.definition or {}).get("sort", False))
+        return load_trace(str(path), record.trace_format or None, sort=sort, options=shaping), None
+    except (TunerError, ValueError) as exc:
+        return None, f"the study's trace cannot be loaded: {exc}"
+
+
+def comparison(summary: StudySummary, trace: Trace | None, trace_note: str | None) -> Compared:
+    """Baseline and recommended (or, when nothing met the SLOs, the closest trial) with
+    their timelines: stored with a real trial, simulated again for a simulated one."""
+    other = summary.recommended or (summary.closest[0] if summary.closest else None)
+    label = "recommended" if summary.recommended is not None else "closest to the SLOs"
+    chosen = [
+        (f"baseline (trial {t.trial_number})", t) for t in [summary.baseline] if t is not None
+    ]
+    if other is not None and other is not summary.baseline:
+        chosen.append((f"{label} (trial {other.trial_number})", other))
+    runs, notes = [], []
+    for who, trial in chosen:
+        timeline, note = trial_timeline(trial, trace, trace_note)
+        if timeline is not None:
+            runs.append((who, timeline))
+        if note:
+            notes.append(f"{who}: {note}")
+    return Compared(runs, "; ".join(notes) or None)
+
+
+def trial_timeline(
+    trial: TrialRecord, trace: Trace | None, trace_note: str | None
+) -> tuple[dict[str, Any] | None, str | None]:
+    if trial.status == "failed":
+        return None, f"failed ({trial.failure_reason}): nothing to draw"
+    stored = ((trial.metrics or {}).get("details") or {}).get("timeline")
+    if stored is not None:
+        return stored, None
+    if "profile" in trial.resolved_config:  # a simulated trial: simulated again
+        if trace is None:
+            return None, trace_note
+        return simulated_timeline(trace, trial.resolved_config), None
+    return None, "this trial kept no timeline (it ran before tune stored them)"
+
+
+def _nav() -> str:
+    links = " · ".join(f'<a href="#{key}">{html.escape(title)}</a>' for key, title in SECTIONS)
+    return f"<nav>{links}</nav>"
+
+
+def _section(key: str, content: str) -> str:
+    title = dict(SECTIONS)[key]
+    return f'<section id="{key}"><h2>{html.escape(title)}</h2>\n{content}\n</section>'
+
+
+def _figure(div_id: str, figure: go.Figure) -> str:
+    return figure.to_html(
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=div_id,
+        config={"displaylogo": False, "responsive": True},
+    )
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f'<table class="definition">{cells}</table>'
+
+
+def _definition(
+    record: StudyRecord,
+    summary: StudySummary,
+    trials: list[TrialRecord],
+    trace: Trace | None,
+    trace_note: str | None,
+) -> str:
+    versions = sorted({t.engine_version.version for t in trials})
+    profile = next(
+        (t.resolved_config["profile"] for t in trials if "profile" in t.resolved_config), None
+    )
+    if profile is not None:
+        provenance = profile.get("provenance") or {}
+        kind = provenance.get("kind", "estimated")
+        profile_text = f"{profile.get('name')} ({kind}: {profile.get('description', '')})"
+    else:
+        profile_text = "none (a real engine)"
+    counts = {
+        "meet the SLOs": sum(t.feasible and t.status != "failed" for t in trials),
+        "miss them": sum(not t.feasible and t.status != "failed" for t in trials),
+        "failed": sum(t.status == "failed" for t in trials),
+        "cut short": summary.cut_short,
+    }
+    if trace is not None and trace.requests:
+        stats = trace_stats(trace)
+        trace_text = (
+            f"{stats.requests:,} requests over {stats.duration_s:,.0f} s "
+            f"({stats.mean_rate:.2f}/s, index of dispersion {stats.index_of_dispersion:.1f}, "
+            f"up to {stats.max_per_second} in one second); prompts p50 "
+            f"{stats.prompt_tokens['p50']:,.0f} / p99 {stats.prompt_tokens['p99']:,.0f} "
+            f"tokens; outputs p50 {stats.output_tokens['p50']:,.0f} tokens"
+        )
+    else:
+        trace_text = trace_note or "no requests"
+    rows = [
+        ("study", record.name),
+        ("trace", f"{record.trace_path} (sha256 {record.trace_sha256[:12]}…)"),
+        ("traffic", trace_text),
+        ("SLOs", ", ".join(record.slos) + f"; error budget {record.error_budget:g}"),
+        ("objective", f"{record.objective_mode}: {', '.join(summary.objectives)}"),
+        ("engine", f"{record.engine}: {', '.join(versions) or 'no trial yet'}"),
+        ("model", record.model),
+        ("profile", profile_text),
+        ("space", "; ".join(record.space.get("searched", []))),
+        ("trials", ", ".join(f"{n} {what}" for what, n in counts.items())),
+        ("recommendation rule", RULE),
+    ]
+    if record.space.get("dropped"):
+        rows.insert(9, ("dropped knobs", "; ".join(record.space["dropped"])))
+    return _table(rows)
+
+
+def _optuna_section(study: optuna.Study, objectives: list[str]) -> str:
+    parts = []
+    for key, figure in optuna_figures(study, objectives):
+        if isinstance(figure, str):
+            parts.append(f'<p class="note">{html.escape(figure)}</p>')
+        else:
+            parts.append(_figure(f"fig-{key}", figure))
+    return "\n".join(parts)
+
+
+def _comparison_section(compared: Compared) -> str:
+    parts = []
+    if compared.note:
+        parts.append(f'<p class="note">{html.escape(compared.note)}</p>')
+    if not compared.runs:
+        return "\n".join(parts) or '<p class="note">no trial to draw</p>'
+    sources = {timeline["load"].get("source") for _, timeline in compared.runs}
+    parts += [
+        _figure("fig-cdf", cdf_figure(compared.runs)),
+        _figure("fig-timeline", timeline_figure(compared.runs)),
+        _figure("fig-load", load_figure(compared.runs)),
+        f'<script type="application/json" id="timeline-data">'
+        f"{_json_script({who: t for who, t in compared.runs})}</script>",
+    ]
+    if "requests" in sources:
+        parts.append(
+            '<p class="note">Where the engine does not report its queues per step (a real '
+            "server's log), running means decoding (first token seen, last not yet) and "
+            "waiting means not yet at its first token (queued or in prefill).</p>"
+        )
+    return "\n".join(parts)
+
+
+def _json_script(value: Any) -> str:
+    """JSON safe inside a ``<script>`` element."""
+    return json.dumps(value).replace("</", "<\\/")
+
+
+def _cell(value: float | None, unit_seconds: bool) -> tuple[str, str]:
+    """(text, sort key) of a number."""
+    if value is None or not math.isfinite(value):
+        return "", ""
+    return (format_seconds(value) if unit_seconds else f"{value:g}"), repr(value)
+
+
+def _trial_table(trials: list[TrialRecord], summary: StudySummary) -> str:
+    knobs = list(summary.knobs)
+    objectives = summary.objectives
+    head = ["trial", "verdict", *knobs, *objectives, "wall (s)", "note"]
+    rows = []
+    recommended = summary.recommended.trial_number if summary.recommended else None
+    for trial in trials:
+        verdict = (
+            "failed"
+            if trial.status == "failed"
+            else ("meets SLOs" if trial.feasible else "misses SLOs")
+        )
+        marks = []
+        if trial.is_baseline:
+            marks.append("baseline")
+        if trial.trial_number == recommended:
+            marks.append("recommended")
+        cells = [
+            (str(trial.trial_number) + (f" ({', '.join(marks)})" if marks else ""),
+             repr(trial.trial_number)),
+            (verdict, verdict),
+        ]  # fmt: skip
+        for knob in knobs:
+            value = trial.settings.get(knob)
+            cells.append((str(value), repr(value) if isinstance(value, int | float) else ""))
+        for name in objectives:
+            value = trial.objectives.get(name)
+            if trial.status == "failed":
+                cells.append(("", ""))
+            else:
+                cells.append(_cell(value, name != "rate_multiplier"))
+        cells.append(_cell(trial.wall_s, False))
+        details = (trial.metrics or {}).get("details") or {}
+        note = trial.failure_reason or ""
+        if details.get("cut_short"):
+            note = f"cut short: {details['cut_short'].get('reason', '')}"
+        cells.append((note, note))
+        rows.append(
+            "<tr>"
+            + "".join(
+                f'<td data-sort="{html.escape(key)}">{html.escape(text)}</td>'
+                for text, key in cells
+            )
+            + "</tr>"
+        )
+    header = "".join(f'<th title="click to sort">{html.escape(h)}</th>' for h in head)
+    return (
+        '<table id="trial-table" class="sortable"><thead><tr>'
+        + header
+        + "</tr></thead><tbody>"
+        + "\n".join(rows)
+        + "</tbody></table>"
+    )
+
+
+def _serve_section(summary: StudySummary) -> str:
+    if summary.recommended is None:
+        return (
+            '<p class="note">No trial met the SLOs: there is no recommendation to serve '
+            "(the closest trials are in the table above).</p>"
+        )
+    command = summary.recommended.serve_command
+    yaml_text = command_yaml(command)
+    return (
+        f"<p>Recommended: trial {summary.recommended.trial_number}. The serve line:</p>"
+        f'<pre id="serve-line">{html.escape(command)}</pre>'
+        '<button data-copy="serve-line">Copy the serve line</button>'
+        "<p>Or as a <code>vllm serve MODEL --config FILE</code> YAML:</p>"
+        f'<pre id="serve-yaml">{html.escape(yaml_text)}</pre>'
+        '<button data-copy="serve-yaml">Copy the YAML</button>'
+    )
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>{style}</style>
+<script>{plotly}</script>
+</head><body>
+<h1>{title}</h1>
+{body}
+<script>{script}</script>
+</body></html>
+"""
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px;
+       padding: 0 1em; color: #1d3557; }
+nav { position: sticky; top: 0; background: #fff; padding: .5em 0; border-bottom: 1px solid #ddd;
+      z-index: 10; }
+section { margin: 2em 0; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
+table.sortable th { cursor: pointer; background: #f1f3f5; }
+table.definition th { background: #f1f3f5; width: 12em; }
+pre { background: #f8f9fa; padding: .8em; white-space: pre-wrap; word-break: break-all; }
+.note { color: #6c757d; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 1em; }
+"""
+
+SCRIPT = """
+document.querySelectorAll("table.sortable th").forEach((th, column) => {
+  th.addEventListener("click", () => {
+    const body = th.closest("table").tBodies[0];
+    const ascending = th.dataset.order !== "asc";
+    th.dataset.order = ascending ? "asc" : "desc";
+    const key = row => row.cells[column].dataset.sort;
+    const rows = Array.from(body.rows);
+    rows.sort((a, b) => {
+      const x = key(a), y = key(b);
+      const nx = parseFloat(x), ny = parseFloat(y);
+      const order = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+      return ascending ? order : -order;
+    });
+    rows.forEach(row => body.appendChild(row));
+  });
+});
+document.querySelectorAll("button[data-copy]").forEach(button => {
+  button.addEventListener("click", () => {
+    const text = document.getElementById(button.dataset.copy).textContent;
+    navigator.clipboard.writeText(text).then(
+      () => { button.textContent = "Copied"; },
+      () => { button.textContent = "Select the text and copy it"; });
+  });
+});
+"""
