@@ -151,6 +151,13 @@ def test_three_real_trials(tune, workspace: Path) -> None:
         assert reported["cache_config"]["num_gpu_blocks"] > 0
         assert reported["scheduler_config"]["max_num_seqs"] == trial.settings["max_num_seqs"]
         assert details["config_mismatches"] == {}
+        # What the report draws: the server's steps placed on the replay's clock, around the
+        # longest prompt's arrival (the window starts before it, the steps in time order).
+        window = details["timeline"]["window"]
+        starts = window["steps"]["start_s"]
+        assert len(starts) > 10 and starts == sorted(starts)
+        assert starts[0] <= window["long_prompt"]["arrival_s"] <= starts[-1]
+        assert len(details["timeline"]["quantiles"]["ttft_s"]) == 101
         assert "cut_short" not in details
     assert trials[0].is_baseline and trials[0].settings["max_num_batched_tokens"] == 2048
     code, out, _ = tune(

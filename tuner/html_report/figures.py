@@ -263,6 +263,7 @@ def timeline_figure(compared: Sequence[tuple[str, dict[str, Any]]]) -> go.Figure
         rows=3,
         cols=len(compared),
         shared_xaxes=True,
+        shared_yaxes=True,  # one scale per row: the spike and its absence compare at a glance
         vertical_spacing=0.06,
         horizontal_spacing=0.07,
         subplot_titles=[who for who, _ in compared],
@@ -349,6 +350,7 @@ def load_figure(compared: Sequence[tuple[str, dict[str, Any]]]) -> go.Figure:
         rows=2,
         cols=len(compared),
         shared_xaxes=True,
+        shared_yaxes=True,
         vertical_spacing=0.08,
         subplot_titles=[who for who, _ in compared],
     )

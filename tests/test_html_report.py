@@ -1,0 +1,165 @@
+"""The HTML report, opened in a real browser (Debian's Chromium driven by Playwright, the
+network cut off): it renders without a console error, every trial is a point on the Pareto
+plot, every step of the window a point on the timeline, the baseline and the recommended
+setting are marked, and its serve line is ``tune export --format shell``'s.
+
+``scripts/setup-browser`` installs Chromium (the README's test command runs it); without it
+the test fails in CI and is skipped elsewhere, saying why. ``UPDATE_README_SCREENSHOT=1``
+writes the timeline's screenshot to ``docs/images/report-timeline.png`` (the README's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from prefill_tuner.storage.store import TunerStore
+from tests.conftest import AZURE, ROOT
+
+CHROMIUM = Path("/usr/bin/chromium")
+README_SCREENSHOT = ROOT / "docs" / "images" / "report-timeline.png"
+SECTIONS = ("definition", "pareto", "history", "comparison", "trials", "serve")
+
+
+def _need_browser() -> None:
+    missing = []
+    if not CHROMIUM.exists():
+        missing.append(f"{CHROMIUM} (Debian's chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("the playwright package")
+    if missing:
+        reason = (
+            f"no browser to test the report in: {', '.join(missing)}; run scripts/setup-browser"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def study(tune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """A simulated study whose `tune run` wrote its report by default (in its directory)."""
+    folder = tmp_path / "study"
+    folder.mkdir()
+    storage = f"sqlite:///{folder / 'tune.db'}"
+    monkeypatch.delenv("TUNE_NO_REPORT")
+    monkeypatch.chdir(folder)
+    code, _, err = tune(
+        "run", "--trace", str(AZURE), "--max-requests", "300", "--trials", "10",
+        "--slo", "p99_tpot=25ms", "--slo", "p99_ttft=1s", "--storage", storage,
+        "--study", "shown",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "report: shown-report.html" in err
+    code, export, err = tune("export", "--format", "shell", "--storage", storage)
+    assert code == 0, err
+    return {"storage": storage, "report": folder / "shown-report.html", "export": export}
+
+
+def test_the_report_renders_offline_with_every_trial_and_step(study, tmp_path: Path) -> None:
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    report = study["report"]
+    assert isinstance(report, Path)
+    size_mb = report.stat().st_size / 2**20
+    assert size_mb < 8, size_mb  # plotly.js embedded once
+    store = TunerStore(str(study["storage"]))
+    trials = store.trials(store.get_study("shown"))
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
+        )
+        try:
+            context = browser.new_context(offline=True, viewport={"width": 1400, "height": 900})
+            requests: list[str] = []
+            context.route(
+                "**/*",
+                lambda route: (
+                    route.continue_()
+                    if route.request.url.startswith("file://")
+                    else (requests.append(route.request.url), route.abort())
+                ),
+            )
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(report.as_uri())
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 7")
+            assert errors == [] and requests == []
+
+            # Every trial is a point, rendered: feasible, infeasible and failed apart.
+            pareto = page.evaluate(POINTS, "fig-pareto")
+            kinds = {t["kind"]: t for t in pareto}
+            assert sum(kinds[k]["data"] for k in ("feasible", "infeasible", "failed")) == len(
+                trials
+            )
+            assert all(t["rendered"] == t["data"] for t in pareto if t["mode"] == "markers")
+            numbers = sorted(
+                n for k in ("feasible", "infeasible", "failed") for n in kinds[k]["trials"]
+            )
+            assert numbers == sorted(t.trial_number for t in trials)
+            # The baseline and the recommended setting are marked, and named in the legend.
+            recommended = next(t for t in trials if f"recommended (trial {t.trial_number})" in
+                               [x["name"] for x in pareto])  # fmt: skip
+            assert kinds["baseline"]["trials"] == [0] and kinds["baseline"]["rendered"] == 1
+            assert kinds["recommended"]["trials"] == [recommended.trial_number]
+            legend = page.locator("#fig-pareto .legendtext").all_text_contents()
+            assert "baseline (trial 0)" in legend
+            assert f"recommended (trial {recommended.trial_number})" in legend
+
+            # The timeline: one point per step of each window, as the page's data says.
+            data = json.loads(page.locator("#timeline-data").inner_text())
+            steps = [t for t in page.evaluate(POINTS, "fig-timeline") if t["kind"] == "steps"]
+            assert [s["who"] for s in steps] == list(data)
+            for trace, timeline in zip(steps, data.values(), strict=True):
+                count = len(timeline["window"]["steps"]["start_s"])
+                assert count > 10 and trace["data"] == trace["rendered"] == count
+
+            # The serve line is the export's, character for character.
+            line = page.locator("#serve-line").inner_text()
+            assert line == str(study["export"]).splitlines()[2]
+            assert line == recommended.serve_command
+
+            # The trial table sorts: by trial number, descending on the second click.
+            header = page.locator("#trial-table th").first
+            header.click()
+            header.click()
+            first = page.locator("#trial-table tbody tr").first.locator("td").first
+            assert first.inner_text().startswith(str(max(t.trial_number for t in trials)))
+
+            for section in SECTIONS:
+                page.locator(f"#{section}").screenshot(path=str(tmp_path / f"{section}.png"))
+                assert (tmp_path / f"{section}.png").stat().st_size > 1000
+            timeline = tmp_path / "timeline.png"
+            page.locator("#fig-timeline").screenshot(path=str(timeline))
+            if os.environ.get("UPDATE_README_SCREENSHOT"):
+                README_SCREENSHOT.parent.mkdir(exist_ok=True)
+                shutil.copyfile(timeline, README_SCREENSHOT)
+        finally:
+            browser.close()
+    assert README_SCREENSHOT.stat().st_size < 300 * 1024
+
+
+POINTS = """(id) => {
+  const gd = document.getElementById(id);
+  return gd._fullData.map((trace, index) => {
+    const group = gd.querySelector('.trace' + trace.uid);
+    const meta = gd.data[index].meta || {};
+    return {
+      name: trace.name,
+      kind: meta.kind || '',
+      who: meta.who || '',
+      trials: meta.trials || [],
+      mode: trace.mode || '',
+      data: (gd.data[index].x || []).length,
+      rendered: group ? group.querySelectorAll('.points path.point').length : 0,
+    };
+  });
+}"""
