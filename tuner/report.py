@@ -182,10 +182,11 @@ COLUMNS = {
 """Short column names, so the table fits 80 columns; a legend under it gives the flags."""
 
 
-def _knob_text(trial: TrialRecord, knobs: Sequence[str]) -> list[str]:
+def knob_cells(settings: dict[str, Any], knobs: Sequence[str]) -> list[str]:
+    """Table cells of ``settings`` for ``knobs``: on/off, off for a zero threshold."""
     cells = []
     for knob in knobs:
-        value = trial.settings.get(knob, "")
+        value = settings.get(knob, "")
         if isinstance(value, bool):
             cells.append("on" if value else "off")
         elif knob == "long_prefill_token_threshold" and value == 0:
@@ -195,7 +196,8 @@ def _knob_text(trial: TrialRecord, knobs: Sequence[str]) -> list[str]:
     return cells
 
 
-def _legend(knobs: Sequence[str]) -> str:
+def knob_legend(knobs: Sequence[str]) -> str:
+    """The caption naming the flags behind :data:`COLUMNS`' short names."""
     return "; ".join(f"{COLUMNS.get(knob, knob)}: {knob}" for knob in knobs)
 
 
@@ -305,7 +307,7 @@ def _pareto_table(summary: StudySummary, knobs: Sequence[str]) -> Table:
         show_edge=False,
         collapse_padding=True,
         pad_edge=False,
-        caption=_legend(knobs),
+        caption=knob_legend(knobs),
         caption_justify="left",
     )
     table.add_column("trial", justify="right", overflow="fold")
@@ -321,7 +323,7 @@ def _pareto_table(summary: StudySummary, knobs: Sequence[str]) -> Table:
         slack = min(trial.slacks.values(), default=None)
         table.add_row(
             f"{trial.trial_number}{mark}",
-            *_knob_text(trial, knobs),
+            *knob_cells(trial.settings, knobs),
             *(_fmt(name, trial.objectives.get(name)) for name in summary.objectives),
             "n/a" if throughput is None else f"{throughput:,.0f}",
             "n/a" if slack is None else f"{slack:.0%}",

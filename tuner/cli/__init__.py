@@ -13,6 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from prefill_tuner import __version__, exit_codes
 from prefill_tuner.cli.calibrate_cmd import calibrate_command
+from prefill_tuner.cli.listing_cmd import studies_command, trials_command
 from prefill_tuner.cli.nightly_cmd import nightly_command
 from prefill_tuner.cli.report_cmd import report_command
 from prefill_tuner.cli.results_cmd import export_command, pareto_command
@@ -40,6 +41,8 @@ app.command("run")(run_command)
 app.command("pareto")(pareto_command)
 app.command("export")(export_command)
 app.command("report")(report_command)
+app.command("studies")(studies_command)
+app.command("trials")(trials_command)
 app.command("worker")(worker_command)
 app.command("nightly")(nightly_command)
 app.command("simulate")(simulate_command)

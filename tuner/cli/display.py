@@ -6,12 +6,14 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
 import optuna
+from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -373,3 +375,8 @@ def _si(value: float) -> str:
     if not math.isfinite(value):
         return "n/a"
     return f"{value / 1000:.3g}k" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def print_document(document: BaseModel) -> None:
+    """A JSON document on stdout, whole (no terminal wrapping, no colour)."""
+    sys.stdout.write(document.model_dump_json(indent=2) + "\n")

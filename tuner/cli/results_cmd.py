@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 
 from prefill_tuner import defaults, exit_codes
-from prefill_tuner.cli.display import error_console, output_console, quiet_optuna
-from prefill_tuner.cli.options import StorageOpt, StudyOpt
+from prefill_tuner.cli.display import error_console, output_console, print_document, quiet_optuna
+from prefill_tuner.cli.options import JsonOpt, StorageOpt, StudyOpt
+from prefill_tuner.documents import stored_summary_document
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.plan import check_study_name
@@ -20,14 +21,20 @@ from prefill_tuner.storage.store import TunerStore
 EXPORT_FORMATS = ("shell", "yaml", "json")
 
 
-def pareto_command(study_name: StudyOpt = None, storage: StorageOpt = defaults.STORAGE) -> None:
+def pareto_command(
+    study_name: StudyOpt = None, storage: StorageOpt = defaults.STORAGE, as_json: JsonOpt = False
+) -> None:
     """Print a stored study's Pareto-optimal settings and serve lines again."""
     if study_name is not None:
         check_study_name(study_name)  # before the storage is opened (or created)
     quiet_optuna()
     store = TunerStore(storage, create=False)
-    summary = summarize_stored(store, find_study(store, study_name))
-    output_console().print(render_summary(summary), crop=False)
+    name = find_study(store, study_name)
+    summary = summarize_stored(store, name)
+    if as_json:
+        print_document(stored_summary_document(store, name))
+    else:
+        output_console().print(render_summary(summary), crop=False)
     if summary.recommended is None:
         raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
 

@@ -15,6 +15,7 @@ from prefill_tuner.cli.display import (
     ProgressDisplay,
     error_console,
     output_console,
+    print_document,
     print_study_header,
     quiet_optuna,
     stop_signals,
@@ -24,6 +25,7 @@ from prefill_tuner.cli.options import (
     SPACE,
     TRACE,
     ErrorBudgetOpt,
+    JsonOpt,
     ModelOpt,
     NoReportOpt,
     ScreenOpt,
@@ -35,6 +37,7 @@ from prefill_tuner.cli.options import (
     TrialsOpt,
     with_options,
 )
+from prefill_tuner.documents import stored_summary_document
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.files import check_output
@@ -111,6 +114,7 @@ def run_command(
         ),
     ] = None,
     no_report: NoReportOpt = False,
+    as_json: JsonOpt = False,
     *,
     engine: EngineOptions,
     trace: TraceChoice,
@@ -208,7 +212,10 @@ def run_command(
     if interrupted:
         err.print("interrupted: every finished trial is kept; run the same command to resume")
     summary = summarize_stored(store, plan.name)
-    output_console().print(render_summary(summary), crop=False)
+    if as_json:
+        print_document(stored_summary_document(store, plan.name))
+    else:
+        output_console().print(render_summary(summary), crop=False)
     if report_path is not None and summary.finished and not interrupted:
         err.print(f"report: {write_report(store, plan.name, report_path)}", markup=False)
     if interrupted:

@@ -1,0 +1,115 @@
+"""``tune studies`` and ``tune trials``: what a storage holds, as tables or JSON."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from prefill_tuner import defaults
+from prefill_tuner.cli.display import output_console, print_document, quiet_optuna
+from prefill_tuner.cli.options import JsonOpt, StorageOpt
+from prefill_tuner.documents import stored_studies_document, stored_trials_document
+from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.slo import format_seconds
+from prefill_tuner.plan import check_study_name
+from prefill_tuner.report import COLUMNS, knob_cells, knob_legend
+from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.storage.store import TunerStore, redact_url
+
+
+def studies_command(storage: StorageOpt = defaults.STORAGE, as_json: JsonOpt = False) -> None:
+    """List the studies in a storage, with their definition and progress."""
+    quiet_optuna()
+    document = stored_studies_document(TunerStore(storage, create=False))
+    if as_json:
+        print_document(document)
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("study", "engine", "SLOs", "trials", "feasible", "status"):
+        table.add_column(column, overflow="fold")
+    for study in document.studies:
+        done = study.trials["complete"]
+        target = f"/{study.target_trials}" if study.target_trials else ""
+        table.add_row(
+            study.name,
+            study.engine,
+            ", ".join(study.slos),
+            f"{done}{target}",
+            str(study.trials["feasible"]),
+            study.status,
+        )
+    if not document.studies:
+        output_console().print(f"no studies in {redact_url(storage)}", markup=False)
+        return
+    output_console().print(table)
+
+
+def trials_command(
+    study_name: Annotated[str, typer.Option("--study", help="The study.")],
+    storage: StorageOpt = defaults.STORAGE,
+    as_json: JsonOpt = False,
+) -> None:
+    """List every trial of a study: state, settings, verdict and failure reason."""
+    check_study_name(study_name)
+    quiet_optuna()
+    store = TunerStore(storage, create=False)
+    if store.get_study(study_name) is None:
+        names = ", ".join(store.study_names()) or "none"
+        raise TunerError(f"--study {study_name}: no such study (studies: {names})")
+    document = stored_trials_document(store, study_name)
+    if as_json:
+        print_document(document)
+        return
+    knobs = [k for k in KNOBS if any(k in t.settings for t in document.trials)]
+    objectives = list(dict.fromkeys(n for t in document.trials for n in t.objectives))
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        collapse_padding=True,
+        pad_edge=False,
+        caption=knob_legend(knobs),
+        caption_justify="left",
+    )
+    table.add_column("trial", justify="right", overflow="fold")
+    table.add_column("state", overflow="fold")
+    for column in (*(COLUMNS.get(k, k) for k in knobs), *objectives):
+        table.add_column(column, justify="right", overflow="fold")
+    table.add_column("SLOs", overflow="fold")
+    notes = []
+    for trial in document.trials:
+        verdict = {None: "", True: "met", False: "missed"}[trial.feasible]
+        if trial.status == "failed":
+            verdict = "failed"
+            notes.append(f"trial {trial.number} failed: {trial.failure_reason}")
+        if trial.cut_short:
+            notes.append(f"trial {trial.number} was cut short: {trial.cut_short}")
+        values = [
+            _value(name, trial.objectives.get(name)) if trial.status == "complete" else ""
+            for name in objectives
+        ]
+        table.add_row(
+            f"{trial.number}{'*' if trial.baseline else ''}",
+            STATES.get(trial.state, trial.state.lower()),
+            *knob_cells(trial.settings, knobs),
+            *values,
+            verdict,
+        )
+    table.caption = f"* the baseline (the engine's defaults). {table.caption}"
+    console = output_console()
+    console.print(table)
+    for note in notes:
+        console.print(note, markup=False, soft_wrap=True)
+
+
+STATES = {"COMPLETE": "done", "RUNNING": "running", "WAITING": "queued", "FAIL": "stopped"}
+"""Optuna's states in the table's words (FAIL: the trial's process died or was interrupted;
+its settings run again)."""
+
+
+def _value(name: str, value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.3g}×" if name == "rate_multiplier" else format_seconds(value)
