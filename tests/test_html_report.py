@@ -163,3 +163,25 @@ POINTS = """(id) => {
     };
   });
 }"""
+
+
+def test_tune_report_writes_again_and_refuses_a_bad_output(tune, tmp_path: Path) -> None:
+    """`tune report` from storage: a trace that has since gone is said in the report (no
+    timeline to simulate), not an error; a folder as the output is refused in one line."""
+    trace = tmp_path / "gone.csv"
+    trace.write_bytes(AZURE.read_bytes())
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    code, _, err = tune(
+        "run", "--trace", str(trace), "--max-requests", "80", "--trials", "3",
+        "--slo", "p99_tpot=50ms", "--storage", storage, "--study", "gone", "--no-report",
+    )  # fmt: skip
+    assert code == 0, err
+    assert not (Path.cwd() / "gone-report.html").exists()
+    code, out, err = tune("report", "--storage", storage, "-o", str(tmp_path))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "folder" in err
+    trace.unlink()
+    page = tmp_path / "gone.html"
+    code, _, err = tune("report", "--storage", storage, "-o", str(page))
+    assert code == 0 and f"report: {page}" in err
+    text = page.read_text()
+    assert "cannot be read here" in text and 'id="serve-line"' in text

@@ -203,7 +203,8 @@ def _window(
 
 
 def _load(records: Sequence[RequestRecord], steps: Sequence[Step]) -> dict[str, Any]:
-    """KV use, running and waiting requests sampled over the run. Running and waiting are the
+    """KV use, running and waiting requests and preemptions so far (the engine's steps say
+    them; a real server's log does not: zero) sampled over the run. Running and waiting are the
     engine's own counts where its steps say them; otherwise from the requests: decoding
     (first token seen, last not yet) and waiting for their first token."""
     finished = [float(r.token_times_s[-1]) for r in records if len(r.token_times_s)] + [
@@ -211,7 +212,8 @@ def _load(records: Sequence[RequestRecord], steps: Sequence[Step]) -> dict[str, 
     ]
     end = max(finished, default=0.0)
     if end <= 0:
-        return {"t_s": [], "kv_usage": [], "running": [], "waiting": [], "source": "none"}
+        empty: dict[str, Any] = {"t_s": [], "kv_usage": [], "running": [], "waiting": []}
+        return {**empty, "preempted": [], "source": "none"}
     grid = np.linspace(0.0, end, LOAD_POINTS)
     result: dict[str, Any] = {"t_s": _round(grid)}
     starts = np.array([s.start_s for s in steps])
@@ -220,6 +222,8 @@ def _load(records: Sequence[RequestRecord], steps: Sequence[Step]) -> dict[str, 
     def sampled(values: list[Any]) -> list[Any]:
         return [values[i] if i >= 0 else None for i in at]
 
+    preempted = np.cumsum([s.preempted for s in steps]).tolist()
+    result["preempted"] = [0 if v is None else int(v) for v in sampled(preempted)]
     kv = [s.kv_usage for s in steps]
     result["kv_usage"] = [None if v is None else round(float(v), 4) for v in sampled(kv)]
     if steps and all(s.waiting is not None for s in steps):

@@ -382,6 +382,19 @@ def load_figure(compared: Sequence[tuple[str, dict[str, Any]]]) -> go.Figure:
                 row=2,
                 col=column,
             )
+        if any(load.get("preempted") or []):
+            fig.add_trace(
+                go.Scatter(
+                    x=load["t_s"],
+                    y=load["preempted"],
+                    name="preemptions so far",
+                    legendgroup="preempted",
+                    showlegend=column == 1,
+                    line={"color": "#6a4c93", "dash": "dot", "shape": "hv"},
+                ),
+                row=2,
+                col=column,
+            )
         preempted = timeline.get("preemptions", 0)
         fig.layout.annotations[column - 1].text = f"{who}: {preempted} preemptions"
     fig.update_yaxes(title_text="KV cache (%)", row=1, col=1)
