@@ -1,5 +1,6 @@
 """The whole CLI under a canary secret (a database password, in a URL and in $TUNE_STORAGE):
-run, create-only, worker, pareto, export, nightly and their error paths; the canary is nowhere
+run, create-only, worker, pareto, export, report, studies, trials, nightly and their error
+paths; the canary is nowhere
 in what they print, in any file they write, or in any row of the database. (The real engine's
 secrets, --api-key and HF_TOKEN, are planted the same way in tests/test_real_engine_study.py.)"""
 
@@ -52,12 +53,17 @@ def test_a_password_canary_is_found_nowhere(
     trace = ["--trace", str(AZURE), "--max-requests", "60", "--slo", "p99_tpot=50ms"]
     run("run", *trace, "--trials", "3", "--storage", secret_url, "--study", "c")
     run("pareto", "--storage", secret_url, "--study", "c")
+    run("pareto", "--storage", secret_url, "--study", "c", "--json")
+    run("report", "--storage", secret_url, "--study", "c", "-o", str(tmp_path / "c.html"))
+    run("studies", "--storage", secret_url, "--json")
+    run("trials", "--storage", secret_url, "--study", "c")
     for fmt in ("shell", "yaml", "json"):
         run("export", "--format", fmt, "-o", str(tmp_path / f"x.{fmt}"), "--storage", secret_url)
     # From the environment, as the README recommends, for workers.
     monkeypatch.setenv("TUNE_STORAGE", secret_url)
     run("run", *trace, "--trials", "4", "--study", "w", "--create-only")
     run("worker", "--study", "w", "--heartbeat", "1", "--grace", "5")
+    monkeypatch.delenv("TUNE_NO_REPORT")  # the night's HTML report too
     run(
         "nightly", "--study", "n", *trace, "--trials", "3", "--repeats", "1",
         "--report-dir", str(tmp_path / "reports"), expect=None,
@@ -68,6 +74,7 @@ def test_a_password_canary_is_found_nowhere(
     run("pareto", "--storage", unreachable, "--study", "c", expect=None)
     run("run", *trace, "--trials", "3", "--study", "c", "--error-budget", "0.5", expect=2)
 
+    assert len(list(tmp_path.rglob("*.html"))) == 2  # tune report's and the night's
     assert CANARY not in "\n".join(said)
     for path in tmp_path.rglob("*"):
         if path.is_file():
