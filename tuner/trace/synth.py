@@ -156,7 +156,10 @@ def arrival_times(
             f"about {expected:,.0f} requests: a synthetic trace holds at most {MAX_REQUESTS:,} "
             "(lower --rate, --duration or --count)"
         )
-    wanted = count if count is not None else int(duration_s * rate * 1.5 + 20)  # type: ignore[operator]
+    # Both limits: draw for the earlier one (a huge --count with a short --duration must not
+    # allocate the count's arrivals).
+    by_time = None if duration_s is None else int(duration_s * rate * 1.5 + 20)
+    wanted = min(n for n in (count, by_time) if n is not None)
     times = np.empty(0)
     while True:
         n = max(wanted - times.size, 16)
