@@ -297,18 +297,25 @@ def _binding_text(trial: TrialRecord, name: str) -> str:
     return f"{excess:+.0%} over the limit"
 
 
-def _pareto_table(summary: StudySummary, knobs: Sequence[str]) -> Table:
-    """One row per Pareto-optimal trial, narrow enough for 80 columns (no value is ever cut:
-    a value too wide for the terminal folds onto a second line)."""
-    table = Table(
-        title="Pareto-optimal settings that meet every SLO (* recommended)",
+def narrow_table(caption: str, title: str | None = None) -> Table:
+    """A table as narrow as its cells allow (for 80 columns), its caption left-aligned."""
+    return Table(
+        title=title,
         title_justify="left",
         box=box.SIMPLE_HEAD,
         show_edge=False,
         collapse_padding=True,
         pad_edge=False,
-        caption=knob_legend(knobs),
+        caption=caption,
         caption_justify="left",
+    )
+
+
+def _pareto_table(summary: StudySummary, knobs: Sequence[str]) -> Table:
+    """One row per Pareto-optimal trial, narrow enough for 80 columns (no value is ever cut:
+    a value too wide for the terminal folds onto a second line)."""
+    table = narrow_table(
+        knob_legend(knobs), title="Pareto-optimal settings that meet every SLO (* recommended)"
     )
     table.add_column("trial", justify="right", overflow="fold")
     for knob in knobs:

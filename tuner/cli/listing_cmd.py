@@ -15,7 +15,7 @@ from prefill_tuner.documents import stored_studies_document, stored_trials_docum
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.slo import format_seconds
 from prefill_tuner.plan import check_study_name
-from prefill_tuner.report import COLUMNS, knob_cells, knob_legend
+from prefill_tuner.report import COLUMNS, knob_cells, knob_legend, narrow_table
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.storage.store import TunerStore, redact_url
 
@@ -65,14 +65,7 @@ def trials_command(
         return
     knobs = [k for k in KNOBS if any(k in t.settings for t in document.trials)]
     objectives = list(dict.fromkeys(n for t in document.trials for n in t.objectives))
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        collapse_padding=True,
-        pad_edge=False,
-        caption=knob_legend(knobs),
-        caption_justify="left",
-    )
+    table = narrow_table(f"* the baseline (the engine's defaults). {knob_legend(knobs)}")
     table.add_column("trial", justify="right", overflow="fold")
     table.add_column("state", overflow="fold")
     for column in (*(COLUMNS.get(k, k) for k in knobs), *objectives):
@@ -97,7 +90,6 @@ def trials_command(
             *values,
             verdict,
         )
-    table.caption = f"* the baseline (the engine's defaults). {table.caption}"
     console = output_console()
     console.print(table)
     for note in notes:

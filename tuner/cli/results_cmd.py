@@ -9,14 +9,13 @@ from typing import Annotated
 import typer
 
 from prefill_tuner import defaults, exit_codes
-from prefill_tuner.cli.display import error_console, output_console, print_document, quiet_optuna
+from prefill_tuner.cli.display import error_console, output_console, print_document
 from prefill_tuner.cli.options import JsonOpt, StorageOpt, StudyOpt
+from prefill_tuner.cli.stored import open_stored
 from prefill_tuner.documents import stored_summary_document
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import atomic_text, check_output
-from prefill_tuner.plan import check_study_name
-from prefill_tuner.report import export, find_study, render_summary, summarize_stored
-from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.files import atomic_text
+from prefill_tuner.report import export, render_summary, summarize_stored
 
 EXPORT_FORMATS = ("shell", "yaml", "json")
 
@@ -25,11 +24,7 @@ def pareto_command(
     study_name: StudyOpt = None, storage: StorageOpt = defaults.STORAGE, as_json: JsonOpt = False
 ) -> None:
     """Print a stored study's Pareto-optimal settings and serve lines again."""
-    if study_name is not None:
-        check_study_name(study_name)  # before the storage is opened (or created)
-    quiet_optuna()
-    store = TunerStore(storage, create=False)
-    name = find_study(store, study_name)
+    store, name = open_stored(study_name, storage)
     summary = summarize_stored(store, name)
     if as_json:
         print_document(stored_summary_document(store, name))
@@ -50,13 +45,7 @@ def export_command(
     """Export a study's recommended settings (and Pareto alternatives) for deployment."""
     if format not in EXPORT_FORMATS:
         raise TunerError(f"--format: expected shell, yaml or json, got {format!r}")
-    if study_name is not None:
-        check_study_name(study_name)  # before the storage is opened (or created)
-    if output is not None:
-        check_output(output)
-    quiet_optuna()
-    store = TunerStore(storage, create=False)
-    name = find_study(store, study_name)
+    store, name = open_stored(study_name, storage, output)
     summary = summarize_stored(store, name)
     if summary.recommended is None:
         raise TunerError(

@@ -366,15 +366,15 @@ Profile = Annotated[StepModel, Field(discriminator="kind")]
 _PROFILE = TypeAdapter(Profile)
 
 
-def profile_from_record(data: Any) -> StepModel:
-    """A profile back from its JSON record (``model_dump(mode="json")``), as stored with a
-    study; a one-line error when it is not one."""
+def profile_from_record(data: Any, source: str = "stored profile") -> StepModel:
+    """A profile from its data (a file's, or its JSON record as stored with a study); a
+    one-line error naming ``source`` and the field when it is not one."""
     try:
         return _PROFILE.validate_python(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise TunerError(f"stored profile: field '{where}': {first['msg']}") from None
+        raise TunerError(f"{source}: field '{where}': {first['msg']}") from None
 
 
 def builtin_profiles() -> list[str]:
@@ -399,9 +399,4 @@ def load_profile(name_or_path: str) -> StepModel:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
         raise TunerError(f"{path}: cannot read the profile: {str(exc).splitlines()[0]}") from None
-    try:
-        return _PROFILE.validate_python(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise TunerError(f"{path}: field '{where}': {first['msg']}") from None
+    return profile_from_record(data, str(path))

@@ -1,0 +1,25 @@
+"""Opening a stored study for the commands that read one (pareto, export, report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefill_tuner.cli.display import quiet_optuna
+from prefill_tuner.files import check_output
+from prefill_tuner.plan import check_study_name
+from prefill_tuner.report import find_study
+from prefill_tuner.storage.store import TunerStore
+
+
+def open_stored(
+    study_name: str | None, storage: str, output: Path | None = None
+) -> tuple[TunerStore, str]:
+    """The storage (never created) and the study's name (default: the only or latest one);
+    the name and the output path are checked before the storage is opened."""
+    if study_name is not None:
+        check_study_name(study_name)
+    if output is not None:
+        check_output(output)
+    quiet_optuna()
+    store = TunerStore(storage, create=False)
+    return store, find_study(store, study_name)
