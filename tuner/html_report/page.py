@@ -32,7 +32,7 @@ from prefill_tuner.html_report.figures import (
 )
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
 from prefill_tuner.recommend import RULE
-from prefill_tuner.report import StudySummary, summarize_stored
+from prefill_tuner.report import StudySummary, knob_cells, summarize_stored
 from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
@@ -299,23 +299,24 @@ def _trial_table(trials: list[TrialRecord], summary: StudySummary) -> str:
              repr(trial.trial_number)),
             (verdict, verdict),
         ]  # fmt: skip
-        for knob in knobs:
+        for knob, text in zip(knobs, knob_cells(trial.settings, knobs), strict=True):
             value = trial.settings.get(knob)
-            cells.append((str(value), repr(value) if isinstance(value, int | float) else ""))
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            cells.append((text, repr(value) if number else text))
         for name in objectives:
             value = trial.objectives.get(name)
             if trial.status == "failed":
                 cells.append(("", ""))
             else:
                 cells.append(_cell(value, name != "rate_multiplier"))
-        cells.append(_cell(trial.wall_s, False))
+        cells.append((f"{trial.wall_s:.1f}", repr(trial.wall_s)))
         details = (trial.metrics or {}).get("details") or {}
         note = trial.failure_reason or ""
         if details.get("cut_short"):
             note = f"cut short: {details['cut_short'].get('reason', '')}"
         cells.append((note, note))
         rows.append(
-            "<tr>"
+            (f'<tr class="{" ".join(marks)}">' if marks else "<tr>")
             + "".join(
                 f'<td data-sort="{html.escape(key)}">{html.escape(text)}</td>'
                 for text, key in cells
@@ -373,6 +374,8 @@ table { border-collapse: collapse; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
 table.sortable th { cursor: pointer; background: #f1f3f5; }
 table.definition th { background: #f1f3f5; width: 12em; }
+tr.recommended td { background: #fdf3d0; }
+tr.baseline td { background: #e7eef0; }
 pre { background: #f8f9fa; padding: .8em; white-space: pre-wrap; word-break: break-all; }
 .note { color: #6c757d; }
 .grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 1em; }
