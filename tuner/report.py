@@ -5,10 +5,12 @@ trials and which SLO binds. Shared by ``tune run``, ``tune pareto`` and ``tune e
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,8 @@ from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.search_spaces.space import BASELINE_OUTSIDE
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
+from prefill_tuner.trace import ShapeOptions, load_trace
+from prefill_tuner.trace.model import Trace
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,24 @@ def find_study(store: TunerStore, name: str | None) -> str:
             f"--study {name}: no such study in {where} (studies: {', '.join(names) or 'none'})"
         )
     return name
+
+
+def study_trace(record: StudyRecord) -> tuple[Trace | None, str | None]:
+    """The study's trace, shaped as the study shaped it, when this machine still has it
+    unchanged (else ``None`` and why)."""
+    path = Path(record.trace_path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return None, f"the study's trace {path} cannot be read here ({exc.strerror or exc})"
+    if hashlib.sha256(data).hexdigest() != record.trace_sha256:
+        return None, f"the study's trace {path} has changed since the study ran"
+    try:
+        shaping = ShapeOptions.model_validate(record.shaping)
+        sort = bool((record.definition or {}).get("sort", False))
+        return load_trace(str(path), record.trace_format or None, sort=sort, options=shaping), None
+    except (TunerError, ValueError) as exc:
+        return None, f"the study's trace cannot be loaded: {exc}"
 
 
 def summarize_stored(store: TunerStore, name: str) -> StudySummary:

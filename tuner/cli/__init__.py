@@ -13,6 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from prefill_tuner import __version__, exit_codes
 from prefill_tuner.cli.calibrate_cmd import calibrate_command
+from prefill_tuner.cli.diagnose_cmd import diagnose_command
 from prefill_tuner.cli.listing_cmd import studies_command, trials_command
 from prefill_tuner.cli.nightly_cmd import nightly_command
 from prefill_tuner.cli.report_cmd import report_command
@@ -47,6 +48,7 @@ app.command("worker")(worker_command)
 app.command("nightly")(nightly_command)
 app.command("simulate")(simulate_command)
 app.command("calibrate")(calibrate_command)
+app.command("diagnose")(diagnose_command)
 
 
 def _print_version(value: bool) -> None:

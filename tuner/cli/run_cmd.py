@@ -37,6 +37,7 @@ from prefill_tuner.cli.options import (
     TrialsOpt,
     with_options,
 )
+from prefill_tuner.diagnosis.sources import trial_findings
 from prefill_tuner.documents import stored_summary_document
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim.cost_model import load_profile
@@ -216,6 +217,14 @@ def run_command(
         print_document(stored_summary_document(store, plan.name))
     else:
         output_console().print(render_summary(summary), crop=False)
+    if summary.baseline is not None and not interrupted:
+        findings, _ = trial_findings(summary.study, summary.baseline)
+        if findings:
+            command = shlex.join(["tune", "diagnose", "--study", plan.name])
+            err.print(
+                escape(f"baseline: {findings[0].line()} (all findings: {command})"),
+                soft_wrap=True,
+            )
     if report_path is not None and summary.finished and not interrupted:
         err.print(f"report: {write_report(store, plan.name, report_path)}", markup=False)
     if interrupted:

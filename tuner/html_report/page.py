@@ -9,7 +9,6 @@ the recommended serve line and ``--config`` YAML, copyable.
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import math
@@ -32,12 +31,11 @@ from prefill_tuner.html_report.figures import (
 )
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
 from prefill_tuner.recommend import RULE
-from prefill_tuner.report import StudySummary, knob_cells, summarize_stored
+from prefill_tuner.report import StudySummary, knob_cells, study_trace, summarize_stored
 from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.timeline import simulated_timeline
-from prefill_tuner.trace import ShapeOptions, load_trace
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.stats import trace_stats
 
@@ -101,24 +99,6 @@ def render_report(store: TunerStore, study_name: str) -> str:
         body="\n".join(body),
         script=SCRIPT,
     )
-
-
-def study_trace(record: StudyRecord) -> tuple[Trace | None, str | None]:
-    """The study's trace, shaped as the study shaped it, when this machine still has it
-    unchanged (else ``None`` and why)."""
-    path = Path(record.trace_path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return None, f"the study's trace {path} cannot be read here ({exc.strerror or exc})"
-    if hashlib.sha256(data).hexdigest() != record.trace_sha256:
-        return None, f"the study's trace {path} has changed since the study ran"
-    try:
-        shaping = ShapeOptions.model_validate(record.shaping)
-        sort = bool((record.definition or {}).get("sort", False))
-        return load_trace(str(path), record.trace_format or None, sort=sort, options=shaping), None
-    except (TunerError, ValueError) as exc:
-        return None, f"the study's trace cannot be loaded: {exc}"
 
 
 def comparison(summary: StudySummary, trace: Trace | None, trace_note: str | None) -> Compared:

@@ -1,0 +1,118 @@
+"""``tune diagnose``: each detector names its symptom on a simulated run built to show it,
+and stays quiet on one built not to; on the bundled Mooncake slice, the defaults show spikes
+and a tiny budget shows TTFT collapse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prefill_tuner import defaults
+from prefill_tuner.diagnosis import diagnose, simulated_view
+from prefill_tuner.engines.sim import SimConfig, load_profile
+from prefill_tuner.trace.synth import parse_mix, synthesize
+
+PROFILE = load_profile(defaults.PROFILE)
+STREAMS_AND_LONG = "decode=6,8000x16=1"  # streaming decodes, and 8,000-token prompts among them
+KV_HEAVY = "decode=2,4000x2000=1"  # long prompts with long outputs: KV fills up
+
+
+def symptoms(mix: str, rate: float, **settings: object) -> dict[str, object]:
+    trace = synthesize(parse_mix(mix), rate, count=120, seed=1)
+    config = SimConfig(**{**PROFILE.engine_defaults, **settings})
+    return {f.symptom: f for f in diagnose(simulated_view(trace, config, PROFILE))}
+
+
+@pytest.mark.parametrize(
+    ("symptom", "mix", "rate", "shows", "hides", "knob"),
+    [
+        # An 8,192-token budget without a threshold prefills a whole prompt in one step; 512
+        # tokens bound each step (chunking doing its job).
+        ("periodic TPOT/ITL spikes", STREAMS_AND_LONG, 3.0,
+         {}, {"max_num_batched_tokens": 512, "max_num_seqs": 256}, "max_num_batched_tokens"),
+        # 64 tokens a step: an 8,000-token prompt needs 125 steps for its first token.
+        ("TTFT collapse (prefill starvation)", STREAMS_AND_LONG, 3.0,
+         {"max_num_batched_tokens": 64, "max_num_seqs": 64}, {}, "raise max_num_batched_tokens"),
+        # A pool of 700 blocks for 6,000-token requests: preemptions.
+        ("KV thrashing", KV_HEAVY, 8.0,
+         {"max_model_len": 8192, "num_gpu_blocks": 700}, {"max_model_len": 8192},
+         "max_num_seqs"),
+        # Two running requests at most, while streams keep arriving.
+        ("admission stall", STREAMS_AND_LONG, 3.0, {"max_num_seqs": 2}, {}, "raise max_num_seqs"),
+        # A 64-token threshold with four running: steps of a few hundred tokens, queue waiting.
+        ("fragmented steps", "decode=1,8000x16=4", 3.0,
+         {"max_num_seqs": 4, "long_prefill_token_threshold": 64}, {"max_num_seqs": 4},
+         "raise long_prefill_token_threshold"),
+    ],
+)  # fmt: skip
+def test_each_detector_names_its_symptom_and_only_then(
+    symptom: str, mix: str, rate: float, shows: dict, hides: dict, knob: str
+) -> None:
+    found = symptoms(mix, rate, **shows)
+    assert symptom in found, list(found)
+    finding = found[symptom]
+    assert knob in finding.knob and finding.evidence and 0 < finding.severity <= 1
+    assert symptom not in symptoms(mix, rate, **hides)
+
+
+def test_thrashing_at_moderate_use_without_reserve_points_at_reserve_full_isl() -> None:
+    # Bursts (gamma arrivals, coefficient of variation 3) into a 900-block pool: preemptions
+    # although the pool is half used on average.
+    trace = synthesize(parse_mix("decode=2,4000x500=1"), 1.0, count=80, seed=1,
+                       arrivals="gamma", cv=3.0)  # fmt: skip
+    settings = {"max_model_len": 8192, "num_gpu_blocks": 900, "scheduler_reserve_full_isl": False}
+    config = SimConfig(**{**PROFILE.engine_defaults, **settings})
+    found = {f.symptom: f for f in diagnose(simulated_view(trace, config, PROFILE))}
+    finding = found["KV thrashing"]
+    assert "although the KV pool" in finding.summary
+    assert finding.knob.startswith("turn scheduler_reserve_full_isl on")
+
+
+def test_the_bundled_slice_defaults_spike_and_a_tiny_budget_collapses_ttft(tune) -> None:
+    code, out, err = tune("diagnose", "--trace", str(defaults.SAMPLE_TRACE), "--json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["findings"][0]["symptom"] == "periodic TPOT/ITL spikes"
+    tiny = ("--max-num-batched-tokens", "64", "--max-num-seqs", "64")
+    code, out, err = tune("diagnose", "--trace", str(defaults.SAMPLE_TRACE), *tiny)
+    assert code == 0, err
+    assert out.splitlines()[1].startswith("1. TTFT collapse (prefill starvation): ")
+    assert "→ raise max_num_batched_tokens (now 64)" in out
+
+
+def test_a_stored_trial_and_a_step_trace_are_diagnosed_too(tune, tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    trace = tmp_path / "t.jsonl"
+    code, _, err = tune("trace", "synth", str(trace), "--mix", STREAMS_AND_LONG,
+                        "--rate", "3", "--count", "120", "--seed", "1")  # fmt: skip
+    assert code == 0, err
+    code, _, err = tune("run", "--trace", str(trace), "--trials", "2", "--slo", "p99_tpot=1s",
+                        "--storage", storage, "--study", "d")  # fmt: skip
+    assert code == 0, err
+    assert "baseline: periodic TPOT/ITL spikes" in " ".join(err.split())
+    code, out, err = tune("diagnose", "--study", "d", "--storage", storage)
+    assert code == 0, err
+    assert out.startswith("study d, trial 0 (the baseline): ")
+    assert "periodic TPOT/ITL spikes" in out
+    steps = tmp_path / "steps.jsonl"
+    code, _, err = tune("simulate", "--trace", str(trace), "--steps-out", str(steps))
+    assert code == 0, err
+    code, out, err = tune("diagnose", "--steps", str(steps), "--json")
+    assert code == 0, err
+    assert json.loads(out)["findings"][0]["symptom"] == "periodic TPOT/ITL spikes"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),
+        ("--trial", "1", "--trace", "x.jsonl"),
+        ("--study", "nope", "--storage", "sqlite:////nonexistent/x.db"),
+        ("--steps", "/dev/null/x"),
+    ],
+)
+def test_bad_input_is_one_line(tune, args: tuple[str, ...]) -> None:
+    code, out, err = tune("diagnose", *args)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: ")

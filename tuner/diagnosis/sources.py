@@ -1,0 +1,43 @@
+"""The run of a stored trial, as the detectors read it: a simulated trial is simulated again
+(the simulator is deterministic: the same steps), a real one is read from the step log its
+trial kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefill_tuner.diagnosis.detectors import Finding, diagnose
+from prefill_tuner.diagnosis.view import RunView, logged_view, simulated_view
+from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.cost_model import profile_from_record
+from prefill_tuner.errors import TunerError
+from prefill_tuner.report import study_trace
+from prefill_tuner.storage.models import StudyRecord, TrialRecord
+
+
+def trial_view(record: StudyRecord, trial: TrialRecord) -> RunView:
+    """The trial's run; a one-line :class:`TunerError` when it cannot be rebuilt."""
+    where = f"study {record.name}, trial {trial.trial_number}"
+    if trial.status == "failed":
+        raise TunerError(f"{where} failed ({trial.failure_reason}): no run to diagnose")
+    resolved = trial.resolved_config
+    if "profile" in resolved:
+        trace, note = study_trace(record)
+        if trace is None:
+            raise TunerError(f"{where}: {note}")
+        config = SimConfig(**{k: v for k, v in resolved.items() if k in SimConfig.model_fields})
+        return simulated_view(trace, config, profile_from_record(resolved["profile"]))
+    steps = (((trial.metrics or {}).get("details") or {}).get("server_steps") or {}).get("trace")
+    if not steps or not Path(steps).is_file():
+        raise TunerError(f"{where}: its server step log ({steps or 'none'}) is not on this machine")
+    scheduler = resolved.get("scheduler_config") or {}
+    settings = {**scheduler, **trial.settings}
+    return logged_view(Path(steps), settings)
+
+
+def trial_findings(record: StudyRecord, trial: TrialRecord) -> tuple[list[Finding], str | None]:
+    """The trial's findings, or why it could not be diagnosed."""
+    try:
+        return diagnose(trial_view(record, trial)), None
+    except TunerError as exc:
+        return [], str(exc)

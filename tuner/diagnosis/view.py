@@ -1,0 +1,209 @@
+"""A run as the detectors read it, from whichever engine produced it.
+
+The simulator says everything (each step's requests and their tokens, its queues, KV use,
+preemptions); a real server's per-step log says each step's duration, prefill and decode
+tokens and requests, and KV use, but neither its queue nor which request got which tokens;
+request records say when each request was sent and got its first token. A detector uses what
+the run has and says what it could not check.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.cost_model import StepModel
+from prefill_tuner.engines.sim.engine import StepRecord, simulate
+from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.metrics import RequestRecord
+from prefill_tuner.trace.model import Trace
+
+
+@dataclass(frozen=True)
+class StepView:
+    """One engine step."""
+
+    index: int
+    start_s: float | None
+    duration_s: float
+    prefill_tokens: int
+    decode_tokens: int
+    running: int | None
+    """Requests in the step (the simulator: running once it is applied)."""
+    waiting: int | None
+    """Requests waiting after it; ``None``: the engine does not say."""
+    kv_usage: float | None
+    preempted: tuple[str, ...] = ()
+    prefill_chunks: dict[str, int] | None = None
+    """Request id → prompt tokens it prefilled in this step; ``None``: not known."""
+
+    @property
+    def tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+
+@dataclass(frozen=True)
+class RequestView:
+    id: str
+    prompt_tokens: int
+    sent_s: float
+    ttft_s: float | None
+    """``None``: it never got a first token."""
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What a run did, and the scheduler settings it ran with."""
+
+    steps: list[StepView]
+    requests: list[RequestView]
+    settings: dict[str, Any]
+    """At least max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold,
+    scheduler_reserve_full_isl and enable_chunked_prefill (as the run resolved them)."""
+    source: str
+    """Where it came from, said with every finding."""
+    notes: list[str] = field(default_factory=list)
+    """What the source lacks (e.g. a real log has no queue lengths)."""
+
+    @property
+    def budget(self) -> int:
+        return int(self.settings["max_num_batched_tokens"])
+
+    @property
+    def max_num_seqs(self) -> int:
+        return int(self.settings["max_num_seqs"])
+
+
+def _requests(trace: Trace, records: Sequence[RequestRecord]) -> list[RequestView]:
+    return [
+        RequestView(
+            id=record.id,
+            prompt_tokens=request.prompt_tokens,
+            sent_s=record.sent_s,
+            ttft_s=(
+                float(record.token_times_s[0]) - record.sent_s
+                if len(record.token_times_s)
+                else None
+            ),
+        )
+        for request, record in zip(trace.requests, records, strict=True)
+    ]
+
+
+def simulated_view(trace: Trace, config: SimConfig, profile: StepModel) -> RunView:
+    """Simulate ``trace`` with ``config`` and keep everything the detectors use, each step's
+    prefill chunks per request included (followed from admissions, scheduled tokens and
+    preemptions)."""
+    prompts = {r.id: r.prompt_tokens for r in trace.requests}
+    computed: dict[str, int] = {}
+    steps: list[StepView] = []
+    usable: list[int] = []
+
+    def on_step(record: StepRecord) -> None:
+        for rid in record.preempted:
+            computed[rid] = 0
+        for rid, cached in record.admitted_cached_tokens.items():
+            computed[rid] = cached
+        chunks: dict[str, int] = {}
+        for rid, tokens in record.scheduled.items():
+            done = computed.get(rid, 0)
+            if done < prompts.get(rid, 0):
+                chunks[rid] = min(tokens, prompts[rid] - done)
+            computed[rid] = done + tokens
+        steps.append(
+            StepView(
+                index=record.index,
+                start_s=record.start_s,
+                duration_s=record.duration_s,
+                prefill_tokens=record.prefill_tokens,
+                decode_tokens=record.decode_tokens,
+                running=record.running_after,
+                waiting=record.waiting_after,
+                kv_usage=None,
+                preempted=record.preempted,
+                prefill_chunks=chunks,
+            )
+        )
+        usable.append(record.kv_blocks_in_use)
+
+    result = simulate(trace, config, profile, on_step=on_step)
+    blocks = result.usable_kv_blocks or 1
+    steps = [
+        StepView(**{**s.__dict__, "kv_usage": used / blocks})
+        for s, used in zip(steps, usable, strict=True)
+    ]
+    return RunView(
+        steps=steps,
+        requests=_requests(trace, result.records),
+        settings=config.model_dump(),
+        source=f"simulated ({profile.name})",
+    )
+
+
+def logged_view(
+    steps_file: Path,
+    settings: dict[str, Any],
+    trace: Trace | None = None,
+    records: Sequence[RequestRecord] | None = None,
+) -> RunView:
+    """A real server's steps, as its trial kept them (``LABEL.steps.jsonl``), or a
+    ``tune simulate --steps-out`` file; with the run's request records when there are any."""
+    try:
+        lines = steps_file.read_text(encoding="utf-8").splitlines()
+        raw = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TunerError(f"{steps_file}: cannot read the step trace: {exc}") from None
+    steps = []
+    for number, line in enumerate(raw):
+        try:
+            steps.append(_logged_step(number, line))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TunerError(
+                f"{steps_file}:{number + 1}: not a step record ({type(exc).__name__}: {exc})"
+            ) from None
+    simulated = bool(raw) and "scheduled" in raw[0]
+    notes = []
+    if not simulated:
+        notes.append(
+            "a real server's step log has no queue lengths nor per-request tokens: the "
+            "admission and starvation checks use the request records where there are some"
+        )
+    requests = _requests(trace, records) if trace is not None and records is not None else []
+    if not requests:
+        notes.append("no request records: TTFT-based checks are left out")
+    return RunView(
+        steps=steps,
+        requests=requests,
+        settings=settings,
+        source=f"{'simulated' if simulated else 'server'} step trace {steps_file}",
+        notes=notes,
+    )
+
+
+def _logged_step(number: int, line: dict[str, Any]) -> StepView:
+    if "scheduled" in line:  # tune simulate --steps-out
+        return StepView(
+            index=int(line["step"]),
+            start_s=float(line["start_s"]),
+            duration_s=float(line["duration_s"]),
+            prefill_tokens=int(line["prefill_tokens"]),
+            decode_tokens=int(line["decode_tokens"]),
+            running=int(line["running_after"]),
+            waiting=int(line["waiting_after"]),
+            kv_usage=None,
+            preempted=tuple(line.get("preempted") or ()),
+        )
+    return StepView(  # a real server's iteration log
+        index=int(line.get("step", number)),
+        start_s=None,
+        duration_s=float(line["duration_s"]),
+        prefill_tokens=int(line["prefill_tokens"]),
+        decode_tokens=int(line["decode_tokens"]),
+        running=int(line["prefill_requests"]) + int(line["decode_requests"]),
+        waiting=None,
+        kv_usage=line.get("kv_usage"),
+    )
