@@ -68,7 +68,7 @@ def hypervolume(points: list[tuple[float, float]]) -> float:
 
 
 def run_method(workspace: Path, trace: Path, method: str, seed: int, trials: int) -> dict:
-    storage = f"sqlite:///{workspace / f'{method}-{seed}.db'}"
+    storage = f"sqlite:///{workspace / f'{trace.stem}-{method}-{seed}.db'}"
     command = [
         TUNE,
         "run",

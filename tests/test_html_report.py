@@ -122,6 +122,10 @@ def test_the_report_renders_offline_with_every_trial_and_step(study, tmp_path: P
                 count = len(timeline["window"]["steps"]["start_s"])
                 assert count > 10 and trace["data"] == trace["rendered"] == count
 
+            # What tune diagnose finds, for both runs.
+            findings = page.locator("#findings").inner_text()
+            assert "What baseline (trial 0) shows" in findings
+            assert f"What recommended (trial {recommended.trial_number}) shows" in findings
             # The serve line is the export's, character for character.
             line = page.locator("#serve-line").inner_text()
             assert line == str(study["export"]).splitlines()[2]

@@ -81,15 +81,22 @@ def sim_steps(records: Sequence[StepRecord], usable_blocks: int) -> list[Step]:
 def real_steps(logged: Sequence[dict[str, Any]], started_unix_s: float) -> list[Step]:
     """A real server's per-step log lines (:func:`~prefill_tuner.engines.real.signals.
     parse_iteration_log`) as :class:`Step`, on the replay's clock (a line is logged as its
-    step ends); lines without a time are left out."""
+    step ends; a step starts no earlier than the previous line); lines without a time are
+    left out."""
     steps = []
+    previous_end = -np.inf
     for line in logged:
         if line.get("logged_at_s") is None:
             continue
         duration = float(line["duration_s"])
+        end = float(line["logged_at_s"]) - started_unix_s
+        # A step starts once the one before it is logged: vLLM's step timer leaves out
+        # scheduling and output processing, so end − duration may fall before that.
+        start = max(end - duration, previous_end)
+        previous_end = end
         steps.append(
             Step(
-                start_s=float(line["logged_at_s"]) - started_unix_s - duration,
+                start_s=start,
                 duration_s=duration,
                 prefill_tokens=int(line["prefill_tokens"]),
                 decode_tokens=int(line["decode_tokens"]),

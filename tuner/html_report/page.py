@@ -20,6 +20,8 @@ import optuna
 import plotly.graph_objects as go
 import plotly.offline
 
+from prefill_tuner.diagnosis import Finding
+from prefill_tuner.diagnosis.sources import trial_findings
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
 from prefill_tuner.html_report.figures import (
@@ -55,6 +57,8 @@ class Compared:
 
     runs: list[tuple[str, dict[str, Any]]]
     note: str | None
+    findings: list[tuple[str, list[Finding], str | None]]
+    """Per trial: what ``tune diagnose`` finds in its run (or why it could not)."""
 
 
 def write_report(store: TunerStore, study_name: str, path: Path) -> Path:
@@ -109,16 +113,21 @@ def comparison(summary: StudySummary, trace: Trace | None, trace_note: str | Non
     chosen = [
         (f"baseline (trial {t.trial_number})", t) for t in [summary.baseline] if t is not None
     ]
+    notes = []
     if other is not None and other is not summary.baseline:
         chosen.append((f"{label} (trial {other.trial_number})", other))
-    runs, notes = [], []
+    elif other is not None:
+        notes.append(f"the {label} setting is the baseline itself (the engine's defaults)")
+    runs, findings = [], []
     for who, trial in chosen:
         timeline, note = trial_timeline(trial, trace, trace_note)
         if timeline is not None:
             runs.append((who, timeline))
         if note:
             notes.append(f"{who}: {note}")
-    return Compared(runs, "; ".join(notes) or None)
+        found, why = trial_findings(summary.study, trial)
+        findings.append((who, found, why))
+    return Compared(runs, "; ".join(notes) or None, findings)
 
 
 def trial_timeline(
@@ -236,6 +245,7 @@ def _comparison_section(compared: Compared) -> str:
         f'<script type="application/json" id="timeline-data">'
         f"{_json_script({who: t for who, t in compared.runs})}</script>",
     ]
+    parts.append(_findings(compared.findings))
     if "requests" in sources:
         parts.append(
             '<p class="note">Where the engine does not report its queues per step (a real '
@@ -243,6 +253,24 @@ def _comparison_section(compared: Compared) -> str:
             "waiting means not yet at its first token (queued or in prefill).</p>"
         )
     return "\n".join(parts)
+
+
+def _findings(findings: list[tuple[str, list[Finding], str | None]]) -> str:
+    """What ``tune diagnose`` finds in each compared run."""
+    blocks = []
+    for who, found, why in findings:
+        if why:
+            items = f'<li class="note">not diagnosed: {html.escape(why)}</li>'
+        elif not found:
+            items = "<li>no symptom: no spikes, starved prefill, thrashing, stall or fragments</li>"
+        else:
+            items = "".join(
+                f"<li><b>{html.escape(f.symptom)}</b>: {html.escape(f.summary)}<br>"
+                f"→ {html.escape(f.knob)}</li>"
+                for f in found
+            )
+        blocks.append(f"<h3>What {html.escape(who)} shows</h3><ul>{items}</ul>")
+    return '<div id="findings">' + "".join(blocks) + "</div>"
 
 
 def _json_script(value: Any) -> str:
