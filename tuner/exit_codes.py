@@ -10,5 +10,8 @@ PROMOTED = 3
 """``tune nightly``: a new configuration was promoted (new serve lines)."""
 NOTHING_MEETS_SLOS = 4
 """No trial (``tune run``, ``tune pareto``) or configuration (``tune nightly``) met the SLOs."""
+VERIFY_FAILED = 5
+"""``tune verify`` (and ``tune nightly --verify``): chunked prefill changed the outputs; the
+configuration must not be promoted."""
 INTERRUPTED = 130
 """Ctrl-C or SIGTERM: finished trials are kept; the same command resumes."""

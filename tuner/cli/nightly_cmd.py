@@ -34,6 +34,7 @@ from prefill_tuner.cli.options import (
 )
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim.cost_model import load_profile
+from prefill_tuner.errors import TunerError
 from prefill_tuner.html_report import write_report
 from prefill_tuner.nightly.retune import NightlyPlan, retune
 from prefill_tuner.plan import SpaceSpec, build_plan, check_study_name
@@ -94,6 +95,14 @@ def nightly_command(
     error_budget: ErrorBudgetOpt = 0.0,
     screen: ScreenOpt = 0,
     no_report: NoReportOpt = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="--engine vllm: before promoting, check that the challenger's chunking "
+            "changes no output (tune verify); a failed check keeps the incumbent, exit 5.",
+        ),
+    ] = False,
     *,
     engine: EngineOptions,
     trace: TraceChoice,
@@ -103,6 +112,8 @@ def nightly_command(
     incumbent beyond noise. Exit code 0: kept; 3: promoted (new serve lines); 4: nothing
     meets the SLOs; 2: bad input; 130: interrupted."""
     check_study_name(study)
+    if verify and engine.engine != "vllm":
+        raise TunerError("--verify: only with --engine vllm (the simulator computes no outputs)")
     trial_engine = build_engine(dataclasses.replace(engine, model=model))
     plan = build_plan(
         trial_engine,
@@ -124,6 +135,7 @@ def nightly_command(
         repeats=repeats,
         min_gain=min_gain,
         deadline_s=deadline,
+        verify=verify,
         screen_profile=(
             load_profile(engine.profile) if screen and engine.profile != defaults.PROFILE else None
         ),

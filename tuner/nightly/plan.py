@@ -26,3 +26,6 @@ class NightlyPlan:
     screen_profile: StepModel | None = None
     """The simulator profile to screen with (``--profile``); ``None``: fitted to the night's
     baseline (when the plan screens at all)."""
+    verify: bool = False
+    """Before promoting, check on the real engine that the challenger's chunking changes no
+    output (:mod:`prefill_tuner.verify`); a failed check never promotes."""

@@ -55,8 +55,10 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal["promote", "keep", "none"]
-    """``none``: no configuration meets the SLOs (the incumbent, if any, stays deployed)."""
+    action: Literal["promote", "keep", "none", "rejected"]
+    """``none``: no configuration meets the SLOs (the incumbent, if any, stays deployed);
+    ``rejected``: the challenger won, but ``tune verify`` found chunking changes its outputs
+    (the incumbent stays)."""
     reason: str
 
 

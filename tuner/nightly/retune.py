@@ -23,6 +23,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from prefill_tuner import exit_codes
 from prefill_tuner.engines.base import TrialEngine
+from prefill_tuner.engines.real.engine import VllmEngine
 from prefill_tuner.evaluation import verdict_of
 from prefill_tuner.nightly.plan import NightlyPlan
 from prefill_tuner.nightly.promotion import Decision, Measurement, decide
@@ -44,11 +45,17 @@ from prefill_tuner.study import (
     run_study,
 )
 from prefill_tuner.trace.stats import trace_stats
+from prefill_tuner.verify import IRREGULAR, verify
 
 EXIT_KEPT = exit_codes.OK
 EXIT_PROMOTED = exit_codes.PROMOTED
 EXIT_NOTHING_MEETS_SLOS = exit_codes.NOTHING_MEETS_SLOS
-EXIT_CODES = {"keep": EXIT_KEPT, "promote": EXIT_PROMOTED, "none": EXIT_NOTHING_MEETS_SLOS}
+EXIT_CODES = {
+    "keep": EXIT_KEPT,
+    "promote": EXIT_PROMOTED,
+    "none": EXIT_NOTHING_MEETS_SLOS,
+    "rejected": exit_codes.VERIFY_FAILED,
+}
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,8 @@ def retune(
         challenger_runs = measure(engine, plan, challenger, repeats)
 
     decision = decide(incumbent_runs, challenger_runs, nightly.min_gain)
+    if decision.action == "promote" and nightly.verify and challenger is not None:
+        decision = verified(decision, engine, plan, challenger, say)
     deployed = challenger if decision.action == "promote" else incumbent
     command = (
         serve_command(plan.model, deployed, engine.capabilities, engine.server_args)
@@ -166,6 +175,31 @@ def retune(
         report_path=report_path,
         engine_changed=engine_changed,
     )
+
+
+def verified(
+    decision: Decision,
+    engine: TrialEngine,
+    plan: StudyPlan,
+    challenger: Mapping[str, Any],
+    say: Callable[[str], None],
+) -> Decision:
+    """The promotion, if ``tune verify`` finds the challenger's chunking changes no output;
+    else ``rejected``, saying where the outputs diverged."""
+    if not isinstance(engine, VllmEngine):
+        return decision  # nothing to verify on the simulator: it computes no outputs
+    say("verifying the challenger's outputs against a no-chunking reference")
+    knobs = {k: v for k, v in challenger.items() if k in KNOBS}
+    result = verify(
+        engine,
+        {"challenger": knobs, "irregular chunks": IRREGULAR},
+        fixed=dict(plan.space.fixed),
+        say=say,
+    )
+    if result.passed:
+        return decision
+    failed = next(c for c in result.comparisons if not c.passed)
+    return Decision("rejected", f"{decision.reason}, but {failed.line()}")
 
 
 def tonights_generation(

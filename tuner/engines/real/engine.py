@@ -148,6 +148,23 @@ class VllmEngine:
             raise TunerError(f"--set {given}: vLLM refuses it: {exc}") from None
         return fixed
 
+    def server_spec(self, args: Sequence[str], label: str) -> ServerSpec:
+        """How to start this engine's server with ``args`` (the user's server arguments and a
+        run's settings as flags), its log a new file named after ``label``."""
+        return ServerSpec(
+            model=self.model,
+            args=list(args),
+            python=self.python,
+            serve_command=self.serve_command,
+            env={**SERVER_ENV, **logging_config_env(self.log_dir), **self.env},
+            log_path=new_log_path(self.log_dir, label),
+            startup_timeout_s=self.startup_timeout_s,
+        )
+
+    def settings_args(self, settings: dict[str, Any]) -> list[str]:
+        """The server arguments of a run with ``settings``: the user's, then the settings'."""
+        return [*self._server_args, *serve_args(settings, self.capabilities)]
+
     def close(self) -> None:
         """Stop the config helper process now (it also stops when this process exits)."""
         self.resolver.close()
@@ -190,7 +207,7 @@ class VllmEngine:
         early_abort: EarlyAbortRule | None,
         label: str | None,
     ) -> EngineRun:
-        args = [*self._server_args, *serve_args(settings, self.capabilities)]
+        args = self.settings_args(settings)
         if ITERATION_FLAG in (self.capabilities.accepted_flags or ()):
             args.append(ITERATION_FLAG)  # the per-step trace, parsed from the server's log
         began = time.perf_counter()
@@ -204,16 +221,7 @@ class VllmEngine:
                 failure=f"vLLM rejected the settings: {exc}",
             )
         overhead = {"resolve": time.perf_counter() - began}
-        log_path = new_log_path(self.log_dir, label or "run")
-        spec = ServerSpec(
-            model=self.model,
-            args=args,
-            python=self.python,
-            serve_command=self.serve_command,
-            env={**SERVER_ENV, **logging_config_env(self.log_dir), **self.env},
-            log_path=log_path,
-            startup_timeout_s=self.startup_timeout_s,
-        )
+        spec = self.server_spec(args, label or "run")
         options = ReplayOptions(model=self.model, token_high=self.token_high, api_key=self.api_key)
         try:
             with VllmServer(spec) as server:

