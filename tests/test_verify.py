@@ -75,3 +75,14 @@ def test_compare_names_the_first_divergent_position() -> None:
     divergence = compare(reference, shifted, 1e-3)[0]
     assert divergence.first_position == 2 and divergence.first_token == 1
     assert divergence.max_delta == 0.5
+
+
+def test_bad_input_is_one_line_before_any_server(tune) -> None:
+    for args, words in (
+        ((), "nothing to verify"),
+        (("--trial", "3"), "--trial: only with --study"),
+        (("--set", "max_num_seqs"), "--set"),
+        (("--set", "max_num_seqs=4", "--reference", "/nonexistent.json"), "/nonexistent.json"),
+    ):
+        code, out, err = tune("verify", *args)
+        assert code == 2 and out == "" and err.count("\n") == 1 and words in err, (args, err)
