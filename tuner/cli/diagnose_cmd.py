@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from prefill_tuner import defaults
 from prefill_tuner.cli.display import output_console
 from prefill_tuner.cli.options import (
+    REAL_SERVER,
     SIM_CONFIG,
     TRACE,
     JsonOpt,
+    ModelOpt,
     SimSettings,
     StorageOpt,
     TraceChoice,
@@ -22,13 +25,15 @@ from prefill_tuner.cli.options import (
 from prefill_tuner.cli.stored import open_stored
 from prefill_tuner.diagnosis import Finding, RunView, diagnose, logged_view, simulated_view
 from prefill_tuner.diagnosis.sources import trial_view
+from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.config import resolve_config
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace import load_trace
+from prefill_tuner.trace.model import Trace
 
 
-@with_options(engine=SIM_CONFIG, trace=TRACE)
+@with_options(engine=SIM_CONFIG, trace=TRACE, real=REAL_SERVER)
 def diagnose_command(
     study_name: Annotated[
         str | None, typer.Option("--study", help="Diagnose a trial of this study.")
@@ -53,10 +58,20 @@ def diagnose_command(
     profile: Annotated[
         str, typer.Option("--profile", help="Step-time profile (with --trace).")
     ] = defaults.PROFILE,
+    engine_name: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="With --trace: sim (simulate it) or vllm (replay it on a real server with "
+            "the flags given, and read the server's step log and the request records).",
+        ),
+    ] = "sim",
+    model: ModelOpt = defaults.MODEL,
     as_json: JsonOpt = False,
     *,
     engine: SimSettings,
     trace: TraceChoice,
+    real: EngineOptions,
 ) -> None:
     """Name what a run shows (spikes, prefill starvation, KV thrashing, admission stalls,
     fragmented steps), with its evidence and the knob to move."""
@@ -68,8 +83,17 @@ def diagnose_command(
         )
     if trial is not None and study_name is None:
         raise TunerError("--trial: only with --study")
+    if engine_name not in ("sim", "vllm"):
+        raise TunerError(f"--engine: expected sim or vllm, got {engine_name!r}")
+    if engine_name == "vllm" and trace_file is None:
+        raise TunerError("--engine vllm: only with --trace (it replays the trace on a server)")
     if study_name is not None:
         view, what = _stored(study_name, trial, storage)
+    elif engine_name == "vllm":
+        assert trace_file is not None
+        requests = load_trace(str(trace_file), trace.format, sort=trace.sort, options=trace.shaping)
+        view = _replayed(requests, engine.settings, dataclasses.replace(real, model=model))
+        what = f"{trace_file}, replayed on {model}"
     else:
         engine_profile = load_profile(profile)
         config = resolve_config(engine_profile, engine.settings, engine.kv_cache_memory_bytes)
@@ -88,6 +112,26 @@ def diagnose_command(
         typer.echo(json.dumps(_document(what, view, findings), indent=2))
         return
     _print(what, view, findings)
+
+
+def _replayed(requests: Trace, settings: dict[str, Any], options: EngineOptions) -> RunView:
+    """Replay the trace on a real server with ``settings`` (to the end) and read its run."""
+    server = build_engine(options)
+    try:
+        fixed = server.validate_fixed({k: v for k, v in settings.items() if v is not None})
+        run = server.run(requests, fixed, label="diagnose")
+    finally:
+        close = getattr(server, "close", None)
+        if close is not None:
+            close()
+    if run.failure or run.records is None:
+        raise TunerError(f"the replay failed: {run.failure or 'no request records'}")
+    steps = (run.details.get("server_steps") or {}).get("trace")
+    if not steps:
+        raise TunerError("the server wrote no step log (its vLLM version has no step details)")
+    scheduler = run.resolved_config.get("scheduler_config") or {}
+    started = run.details.get("replay_started_unix_s")
+    return logged_view(Path(steps), {**scheduler, **fixed}, requests, run.records, started)
 
 
 def _stored(study_name: str, trial: int | None, storage: str) -> tuple[RunView, str]:

@@ -9,17 +9,21 @@ the run has and says what it could not check.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.engine import StepRecord, simulate
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.metrics import RequestRecord
+from prefill_tuner.timeline import real_steps
 from prefill_tuner.trace.model import Trace
 
 
@@ -149,9 +153,13 @@ def logged_view(
     settings: dict[str, Any],
     trace: Trace | None = None,
     records: Sequence[RequestRecord] | None = None,
+    started_unix_s: float | None = None,
 ) -> RunView:
     """A real server's steps, as its trial kept them (``LABEL.steps.jsonl``), or a
-    ``tune simulate --steps-out`` file; with the run's request records when there are any."""
+    ``tune simulate --steps-out`` file; with the run's request records when there are any.
+    Given also when the replay started (Unix time), a real server's steps are placed on the
+    replay's clock and each gets a waiting count from the records: requests sent and not yet
+    at their first token (queued or in prefill: the log has no queue)."""
     try:
         lines = steps_file.read_text(encoding="utf-8").splitlines()
         raw = [json.loads(line) for line in lines if line.strip()]
@@ -175,6 +183,12 @@ def logged_view(
     requests = _requests(trace, records) if trace is not None and records is not None else []
     if not requests:
         notes.append("no request records: TTFT-based checks are left out")
+    elif not simulated and started_unix_s is not None:
+        steps = _placed(raw, steps, started_unix_s, requests)
+        notes[0] = (
+            "a real server's step log has no queue: waiting counts requests sent and not yet "
+            "at their first token (queued or in prefill)"
+        )
     return RunView(
         steps=steps,
         requests=requests,
@@ -182,6 +196,26 @@ def logged_view(
         source=f"{'simulated' if simulated else 'server'} step trace {steps_file}",
         notes=notes,
     )
+
+
+def _placed(
+    raw: list[dict[str, Any]],
+    steps: list[StepView],
+    started_unix_s: float,
+    requests: list[RequestView],
+) -> list[StepView]:
+    """Real steps on the replay's clock (as the report's timeline places them), each with the
+    requests waiting for their first token when it started."""
+    timed = real_steps(raw, started_unix_s)
+    if len(timed) != len(steps):
+        return steps  # lines without a time: left unplaced
+    sent = np.array([r.sent_s for r in requests])
+    first = np.array([r.sent_s + r.ttft_s if r.ttft_s is not None else np.inf for r in requests])
+    placed = []
+    for step, at in zip(steps, timed, strict=True):
+        waiting = int(((sent <= at.start_s) & (first > at.start_s)).sum())
+        placed.append(dataclasses.replace(step, start_s=at.start_s, waiting=waiting))
+    return placed
 
 
 def _logged_step(number: int, line: dict[str, Any]) -> StepView:

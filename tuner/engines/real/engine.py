@@ -257,6 +257,7 @@ class VllmEngine:
             "client_lateness_max_s": float(lateness.max()),
             "client_bound": result.client_bound,
             "replay_wall_s": result.wall_s,
+            "replay_started_unix_s": result.started_unix_s,
             "startup_s": startup_s,
             "overhead_s": overhead,
             "server_metrics": watched.watch.summary(),
