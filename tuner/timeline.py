@@ -45,10 +45,10 @@ LOAD_POINTS = 300
 
 @dataclass(frozen=True)
 class Step:
-    """One engine step, as both engines report it."""
+    """One engine step, as both engines report it (the timeline and the diagnosis read it)."""
 
-    start_s: float
-    """On the run's clock (0: the first request's scheduled arrival)."""
+    start_s: float | None
+    """On the run's clock (0: the first request's scheduled arrival); ``None``: not placed."""
     duration_s: float
     prefill_tokens: int
     decode_tokens: int
@@ -58,7 +58,16 @@ class Step:
     """Requests waiting after it (``None``: the engine does not say)."""
     kv_usage: float | None
     """Share of the KV pool in use (0-1)."""
-    preempted: int = 0
+    preempted: tuple[str, ...] = ()
+    """Requests preempted in it."""
+    index: int = 0
+    """Its number in the engine's step sequence."""
+    prefill_chunks: dict[str, int] | None = None
+    """Request id → prompt tokens it prefilled in this step; ``None``: not known."""
+
+    @property
+    def tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
 
 
 def sim_steps(records: Sequence[StepRecord], usable_blocks: int) -> list[Step]:
@@ -72,7 +81,8 @@ def sim_steps(records: Sequence[StepRecord], usable_blocks: int) -> list[Step]:
             running=r.running_after,
             waiting=r.waiting_after,
             kv_usage=r.kv_blocks_in_use / usable_blocks if usable_blocks else None,
-            preempted=len(r.preempted),
+            preempted=r.preempted,
+            index=r.index,
         )
         for r in records
     ]
@@ -103,6 +113,7 @@ def real_steps(logged: Sequence[dict[str, Any]], started_unix_s: float) -> list[
                 running=int(line["prefill_requests"]) + int(line["decode_requests"]),
                 waiting=None,
                 kv_usage=line.get("kv_usage"),
+                index=int(line.get("step", len(steps))),
             )
         )
     return steps
@@ -117,7 +128,7 @@ def build_timeline(
         "quantiles": _quantiles(records),
         "window": _window(trace, records, steps),
         "load": _load(records, steps),
-        "preemptions": sum(step.preempted for step in steps),
+        "preemptions": sum(len(step.preempted) for step in steps),
     }
 
 
@@ -229,7 +240,7 @@ def _load(records: Sequence[RequestRecord], steps: Sequence[Step]) -> dict[str, 
     def sampled(values: list[Any]) -> list[Any]:
         return [values[i] if i >= 0 else None for i in at]
 
-    preempted = np.cumsum([s.preempted for s in steps]).tolist()
+    preempted = np.cumsum([len(s.preempted) for s in steps]).tolist()
     result["preempted"] = [0 if v is None else int(v) for v in sampled(preempted)]
     kv = [s.kv_usage for s in steps]
     result["kv_usage"] = [None if v is None else round(float(v), 4) for v in sampled(kv)]

@@ -23,31 +23,12 @@ from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.engine import StepRecord, simulate
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.metrics import RequestRecord
-from prefill_tuner.timeline import real_steps
+from prefill_tuner.timeline import Step, real_steps, sim_steps
 from prefill_tuner.trace.model import Trace
 
-
-@dataclass(frozen=True)
-class StepView:
-    """One engine step."""
-
-    index: int
-    start_s: float | None
-    duration_s: float
-    prefill_tokens: int
-    decode_tokens: int
-    running: int | None
-    """Requests in the step (the simulator: running once it is applied)."""
-    waiting: int | None
-    """Requests waiting after it; ``None``: the engine does not say."""
-    kv_usage: float | None
-    preempted: tuple[str, ...] = ()
-    prefill_chunks: dict[str, int] | None = None
-    """Request id → prompt tokens it prefilled in this step; ``None``: not known."""
-
-    @property
-    def tokens(self) -> int:
-        return self.prefill_tokens + self.decode_tokens
+StepView = Step
+"""One engine step (:class:`prefill_tuner.timeline.Step`: the same record the report's
+timeline reads)."""
 
 
 @dataclass(frozen=True)
@@ -104,8 +85,8 @@ def simulated_view(trace: Trace, config: SimConfig, profile: StepModel) -> RunVi
     preemptions)."""
     prompts = {r.id: r.prompt_tokens for r in trace.requests}
     computed: dict[str, int] = {}
-    steps: list[StepView] = []
-    usable: list[int] = []
+    seen: list[StepRecord] = []
+    chunks_of: list[dict[str, int]] = []
 
     def on_step(record: StepRecord) -> None:
         for rid in record.preempted:
@@ -118,27 +99,13 @@ def simulated_view(trace: Trace, config: SimConfig, profile: StepModel) -> RunVi
             if done < prompts.get(rid, 0):
                 chunks[rid] = min(tokens, prompts[rid] - done)
             computed[rid] = done + tokens
-        steps.append(
-            StepView(
-                index=record.index,
-                start_s=record.start_s,
-                duration_s=record.duration_s,
-                prefill_tokens=record.prefill_tokens,
-                decode_tokens=record.decode_tokens,
-                running=record.running_after,
-                waiting=record.waiting_after,
-                kv_usage=None,
-                preempted=record.preempted,
-                prefill_chunks=chunks,
-            )
-        )
-        usable.append(record.kv_blocks_in_use)
+        seen.append(record)
+        chunks_of.append(chunks)
 
     result = simulate(trace, config, profile, on_step=on_step)
-    blocks = result.usable_kv_blocks or 1
     steps = [
-        StepView(**{**s.__dict__, "kv_usage": used / blocks})
-        for s, used in zip(steps, usable, strict=True)
+        dataclasses.replace(step, prefill_chunks=chunks)
+        for step, chunks in zip(sim_steps(seen, result.usable_kv_blocks), chunks_of, strict=True)
     ]
     return RunView(
         steps=steps,
