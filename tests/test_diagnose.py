@@ -95,7 +95,9 @@ def test_a_stored_trial_and_a_step_trace_are_diagnosed_too(tune, tmp_path: Path)
     code, _, err = tune("run", "--trace", str(trace), "--trials", "2", "--slo", "p99_tpot=1s",
                         "--storage", storage, "--study", "d")  # fmt: skip
     assert code == 0, err
-    assert "baseline: periodic TPOT/ITL spikes" in " ".join(err.split())
+    said = " ".join(err.split())
+    assert "baseline: periodic TPOT/ITL spikes" in said
+    assert f"(all findings: tune diagnose --study d --storage {storage})" in said  # pastable
     code, out, err = tune("diagnose", "--study", "d", "--storage", storage)
     assert code == 0, err
     assert out.startswith("study d, trial 0 (the baseline): ")

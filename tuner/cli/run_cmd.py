@@ -220,7 +220,10 @@ def run_command(
     if summary.baseline is not None and not interrupted:
         findings, _ = trial_findings(summary.study, summary.baseline)
         if findings:
-            command = shlex.join(["tune", "diagnose", "--study", plan.name])
+            diagnose = ["tune", "diagnose", "--study", plan.name]
+            if storage != defaults.STORAGE and redact_url(storage) == storage:
+                diagnose += ["--storage", storage]  # no password in it to show
+            command = shlex.join(diagnose)
             err.print(
                 escape(f"baseline: {findings[0].line()} (all findings: {command})"),
                 soft_wrap=True,
