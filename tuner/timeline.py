@@ -6,10 +6,11 @@ streaming request's inter-token latency around the moment the trace's longest pr
 (it shows whether the blocking spike was flattened), and the engine's load over the run. A
 :func:`build_timeline` document holds exactly that, built the same way for every engine from
 its request records and its step records (the simulator's own, or a real server's per-step
-log, :func:`real_steps`): about 20-60 KB of JSON per trial, bounded by the constants below
-whatever the trace's length. Real trials store it with their metrics (``details.timeline``);
-simulated ones are simulated again when a report needs them (:func:`simulated_timeline`: the
-simulator is deterministic, and a study has hundreds of them).
+log, :func:`real_steps`): about 15 KB of JSON per trial (measured on real and simulated
+trials), bounded by the constants below whatever the trace's length. Real trials store it with
+their metrics (``details.timeline``); simulated ones are simulated again when a report needs
+them (the simulator is deterministic, and a study has hundreds of them:
+``prefill_tuner.diagnosis.sources.trial_view`` keeps the records and steps it is built from).
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from prefill_tuner.engines.sim.config import SimConfig
-from prefill_tuner.engines.sim.cost_model import profile_from_record
-from prefill_tuner.engines.sim.engine import StepRecord, simulate
+from prefill_tuner.engines.sim.engine import StepRecord
 from prefill_tuner.objectives.metrics import RequestRecord
 from prefill_tuner.trace.model import Trace
 
@@ -130,15 +129,6 @@ def build_timeline(
         "load": _load(records, steps),
         "preemptions": sum(len(step.preempted) for step in steps),
     }
-
-
-def simulated_timeline(trace: Trace, resolved_config: dict[str, Any]) -> dict[str, Any]:
-    """A simulated trial's timeline, simulated again from its stored config and profile."""
-    config = SimConfig(**{k: v for k, v in resolved_config.items() if k in SimConfig.model_fields})
-    profile = profile_from_record(resolved_config["profile"])
-    seen: list[StepRecord] = []
-    result = simulate(trace, config, profile, on_step=seen.append)
-    return build_timeline(trace, result.records, sim_steps(seen, result.usable_kv_blocks))
 
 
 def _round(values: Sequence[float] | np.ndarray) -> list[float]:
@@ -267,5 +257,4 @@ __all__ = [
     "build_timeline",
     "real_steps",
     "sim_steps",
-    "simulated_timeline",
 ]

@@ -13,16 +13,19 @@ from prefill_tuner.engines.sim.cost_model import profile_from_record
 from prefill_tuner.errors import TunerError
 from prefill_tuner.report import study_trace
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
+from prefill_tuner.trace.model import Trace
 
 
-def trial_view(record: StudyRecord, trial: TrialRecord) -> RunView:
-    """The trial's run; a one-line :class:`TunerError` when it cannot be rebuilt."""
+def trial_view(record: StudyRecord, trial: TrialRecord, trace: Trace | None = None) -> RunView:
+    """The trial's run; a one-line :class:`TunerError` when it cannot be rebuilt. ``trace``:
+    the study's trace when the caller has loaded it already."""
     where = f"study {record.name}, trial {trial.trial_number}"
     if trial.status == "failed":
         raise TunerError(f"{where} failed ({trial.failure_reason}): no run to diagnose")
     resolved = trial.resolved_config
     if "profile" in resolved:
-        trace, note = study_trace(record)
+        if trace is None:
+            trace, note = study_trace(record)
         if trace is None:
             raise TunerError(f"{where}: {note}")
         config = SimConfig(**{k: v for k, v in resolved.items() if k in SimConfig.model_fields})

@@ -53,6 +53,9 @@ class RunView:
     """Where it came from, said with every finding."""
     notes: list[str] = field(default_factory=list)
     """What the source lacks (e.g. a real log has no queue lengths)."""
+    records: list[RequestRecord] = field(default_factory=list, repr=False)
+    """The requests' own records, where the run kept them (a simulation does): with the
+    steps, what the report's timeline is built from."""
 
     @property
     def budget(self) -> int:
@@ -112,6 +115,7 @@ def simulated_view(trace: Trace, config: SimConfig, profile: StepModel) -> RunVi
         requests=_requests(trace, result.records),
         settings=config.model_dump(),
         source=f"simulated ({profile.name})",
+        records=list(result.records),
     )
 
 

@@ -20,8 +20,8 @@ import optuna
 import plotly.graph_objects as go
 import plotly.offline
 
-from prefill_tuner.diagnosis import Finding
-from prefill_tuner.diagnosis.sources import trial_findings
+from prefill_tuner.diagnosis import Finding, diagnose
+from prefill_tuner.diagnosis.sources import trial_view
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
 from prefill_tuner.html_report.figures import (
@@ -37,7 +37,7 @@ from prefill_tuner.report import StudySummary, knob_cells, study_trace, summariz
 from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.timeline import simulated_timeline
+from prefill_tuner.timeline import build_timeline
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.stats import trace_stats
 
@@ -80,7 +80,7 @@ def render_report(store: TunerStore, study_name: str) -> str:
         raise TunerError(f"study {record.name}: no Optuna study of that name") from None
     limits = {slo.name: slo.limit_s for slo in parse_slos(list(record.slos))}
     trace, trace_note = study_trace(record)
-    compared = comparison(summary, trace, trace_note)
+    compared = comparison(summary, trace)
     figures: dict[str, Any] = {
         "pareto": pareto_figure(
             trials, summary.objectives, summary.pareto, limits, summary.recommended
@@ -105,7 +105,7 @@ def render_report(store: TunerStore, study_name: str) -> str:
     )
 
 
-def comparison(summary: StudySummary, trace: Trace | None, trace_note: str | None) -> Compared:
+def comparison(summary: StudySummary, trace: Trace | None) -> Compared:
     """Baseline and recommended (or, when nothing met the SLOs, the closest trial) with
     their timelines: stored with a real trial, simulated again for a simulated one."""
     other = summary.recommended or (summary.closest[0] if summary.closest else None)
@@ -120,29 +120,31 @@ def comparison(summary: StudySummary, trace: Trace | None, trace_note: str | Non
         notes.append(f"the {label} setting is the baseline itself (the engine's defaults)")
     runs, findings = [], []
     for who, trial in chosen:
-        timeline, note = trial_timeline(trial, trace, trace_note)
+        timeline, found, note = trial_run(summary.study, trial, trace)
         if timeline is not None:
             runs.append((who, timeline))
         if note:
             notes.append(f"{who}: {note}")
-        found, why = trial_findings(summary.study, trial)
-        findings.append((who, found, why))
+        findings.append((who, found, note if timeline is None else None))
     return Compared(runs, "; ".join(notes) or None, findings)
 
 
-def trial_timeline(
-    trial: TrialRecord, trace: Trace | None, trace_note: str | None
-) -> tuple[dict[str, Any] | None, str | None]:
+def trial_run(
+    record: StudyRecord, trial: TrialRecord, trace: Trace | None
+) -> tuple[dict[str, Any] | None, list[Finding], str | None]:
+    """A trial's timeline and findings (or why not): a real trial's timeline is stored with
+    it; a simulated one is simulated again, once for both."""
     if trial.status == "failed":
-        return None, f"failed ({trial.failure_reason}): nothing to draw"
+        return None, [], f"failed ({trial.failure_reason}): nothing to draw"
     stored = ((trial.metrics or {}).get("details") or {}).get("timeline")
-    if stored is not None:
-        return stored, None
-    if "profile" in trial.resolved_config:  # a simulated trial: simulated again
-        if trace is None:
-            return None, trace_note
-        return simulated_timeline(trace, trial.resolved_config), None
-    return None, "this trial kept no timeline (it ran before tune stored them)"
+    try:
+        view = trial_view(record, trial, trace)
+    except TunerError as exc:
+        return stored, [], None if stored is not None else str(exc)
+    if stored is None and view.records and trace is not None:
+        stored = build_timeline(trace, view.records, view.steps)
+    note = None if stored is not None else "this trial kept no timeline"
+    return stored, diagnose(view), note
 
 
 def _nav() -> str:
