@@ -80,7 +80,9 @@ def verify_command(
     saved = load_reference(reference) if reference is not None else None
     err = error_console()
     trial_engine = build_engine(dataclasses.replace(engine, model=model))
-    fixed = trial_engine.validate_fixed(fixed)
+    checked = trial_engine.validate_fixed({**fixed, **knobs})  # vLLM's parser, before a server
+    fixed = {k: v for k, v in checked.items() if k not in KNOBS}
+    knobs = {k: v for k, v in checked.items() if k in KNOBS}
     result = verify(
         trial_engine,  # type: ignore[arg-type]
         {"configuration": knobs, "irregular chunks": IRREGULAR},

@@ -144,7 +144,9 @@ def logged_view(
             raise TunerError(
                 f"{steps_file}:{number + 1}: not a step record ({type(exc).__name__}: {exc})"
             ) from None
-    simulated = bool(raw) and "scheduled" in raw[0]
+    if not steps:
+        raise TunerError(f"{steps_file}: no steps in it (an empty step trace)")
+    simulated = "scheduled" in raw[0]
     notes = []
     if not simulated:
         notes.append(
