@@ -173,6 +173,7 @@ def nightly_command(
         out.print(escape(outcome.serve_command))
     out.print(escape(f"report: {outcome.report_path}"))
     if not no_report:
-        page = write_report(store, outcome.study_name, outcome.report_path.with_suffix(".html"))
+        with stop_signals(err):  # a stop leaves no half-written report behind
+            page = write_report(store, outcome.study_name, outcome.report_path.with_suffix(".html"))
         out.print(escape(f"report: {page}"))
     raise typer.Exit(outcome.exit_code)

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from prefill_tuner import defaults
-from prefill_tuner.cli.display import error_console
+from prefill_tuner import defaults, exit_codes
+from prefill_tuner.cli.display import error_console, stop_signals
 from prefill_tuner.cli.options import StorageOpt, StudyOpt
 from prefill_tuner.cli.stored import open_stored
 from prefill_tuner.html_report import write_report
@@ -25,5 +25,11 @@ def report_command(
     """Write a study's report: one HTML file that works offline, with the plots that explain
     its recommendation."""
     store, name = open_stored(study_name, storage, output)
-    path = write_report(store, name, output or defaults.report_path(name))
-    error_console().print(f"report: {path}", soft_wrap=True, markup=False)
+    err = error_console()
+    try:
+        with stop_signals(err):  # SIGTERM too: a half-written file is removed
+            path = write_report(store, name, output or defaults.report_path(name))
+    except KeyboardInterrupt:
+        err.print("interrupted: no report written", markup=False)
+        raise typer.Exit(exit_codes.INTERRUPTED) from None
+    err.print(f"report: {path}", soft_wrap=True, markup=False)

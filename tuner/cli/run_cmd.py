@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 
 from prefill_tuner import defaults, exit_codes
@@ -44,7 +45,7 @@ from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.files import check_output
 from prefill_tuner.html_report import write_report
 from prefill_tuner.plan import SpaceSpec, build_plan
-from prefill_tuner.report import render_summary, summarize_stored
+from prefill_tuner.report import StudySummary, render_summary, summarize_stored
 from prefill_tuner.screening import give_profile, run_screened_study
 from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.study import baseline_outside, open_study, run_study
@@ -217,20 +218,34 @@ def run_command(
         print_document(stored_summary_document(store, plan.name))
     else:
         output_console().print(render_summary(summary), crop=False)
-    if summary.baseline is not None and not interrupted:
-        findings, _ = trial_findings(summary.study, summary.baseline)
-        if findings:
-            diagnose = ["tune", "diagnose", "--study", plan.name]
-            if storage != defaults.STORAGE and redact_url(storage) == storage:
-                diagnose += ["--storage", storage]  # no password in it to show
-            command = shlex.join(diagnose)
+    if not interrupted:
+        try:
+            with stop_signals(err):  # a stop now leaves no half-written report behind
+                _explain(summary, plan.name, storage, err)
+                if report_path is not None and summary.finished:
+                    path = write_report(store, plan.name, report_path)
+                    err.print(f"report: {path}", markup=False)
+        except KeyboardInterrupt:
             err.print(
-                escape(f"baseline: {findings[0].line()} (all findings: {command})"),
+                "interrupted after the study: every trial is kept; tune report writes the report",
                 soft_wrap=True,
             )
-    if report_path is not None and summary.finished and not interrupted:
-        err.print(f"report: {write_report(store, plan.name, report_path)}", markup=False)
+            raise typer.Exit(exit_codes.INTERRUPTED) from None
     if interrupted:
         raise typer.Exit(exit_codes.INTERRUPTED)
     if summary.recommended is None:
         raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
+
+
+def _explain(summary: StudySummary, study: str, storage: str, err: Console) -> None:
+    """The baseline's top finding, in one line, with the command that shows them all."""
+    if summary.baseline is None:
+        return
+    findings, _ = trial_findings(summary.study, summary.baseline)
+    if not findings:
+        return
+    diagnose = ["tune", "diagnose", "--study", study]
+    if storage != defaults.STORAGE and redact_url(storage) == storage:
+        diagnose += ["--storage", storage]  # no password in it to show
+    command = shlex.join(diagnose)
+    err.print(escape(f"baseline: {findings[0].line()} (all findings: {command})"), soft_wrap=True)
