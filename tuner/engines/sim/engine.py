@@ -144,6 +144,8 @@ def simulate(
     started = time.perf_counter()
     interner = PrefixInterner()
     requests = [SimRequest(i, r, interner) for i, r in enumerate(trace.requests)]
+    for request in requests:
+        request.narrow_sharing(interner)
     errors: dict[int, str] = {}
     accepted: list[SimRequest] = []
     for request in requests:

@@ -13,15 +13,46 @@ What the scheduler's decisions depend on, reproduced exactly:
   tokens, and hit blocks sitting in the free queue count against the free blocks;
 - the watermark applies only to admissions (waiting or preempted requests) while others run.
 
-Because uncached free blocks are interchangeable, they are kept as a plain stack; only cached
-free blocks need an order (an insertion-ordered dict).
+How, cheaply (a long trace moves millions of blocks through the pool):
+
+- uncached free blocks are interchangeable, so they are a plain stack;
+- cached free blocks are queued in *runs*: the blocks one request freed together, in eviction
+  order, taken from the head a slice at a time;
+- a block's key goes into the key → block map only if some request could look it up: one
+  whose trace prefix other requests share (registered when scheduled, as vLLM does), or any
+  full block of a request being preempted (it may find its own blocks when it resumes). Every
+  other cached block is only counted and queued: no lookup could tell it from vLLM's, and its
+  place in the queue (which decides when shared blocks are evicted) is kept;
+- a hit may take a registered block out of the middle of its run: the run keeps the entry,
+  which stays valid only while the block's entry in ``_free_registered`` names that run;
+- a reference count is kept only for blocks held by more than one request.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
+from itertools import repeat
 
 from prefill_tuner.engines.sim.request import SimRequest, Status
+
+
+class _Run:
+    """Blocks freed together, in eviction order; with ``keys`` (aligned) when registered."""
+
+    __slots__ = ("blocks", "keys", "stale", "start")
+
+    def __init__(self, blocks: list[int], keys: list[int] | None) -> None:
+        self.blocks = blocks
+        self.keys = keys
+        self.start = 0
+        """Entries before it have been evicted."""
+        self.stale = 0
+        """Entries a prefix hit took out of the queue (registered runs only)."""
+
+
+def _drain(iterator: object) -> None:
+    """Run a ``map`` of side effects at C speed."""
+    deque(iterator, maxlen=0)  # type: ignore[call-overload]
 
 
 class KVCache:
@@ -42,16 +73,22 @@ class KVCache:
         self.max_model_len = max_model_len
         self.watermark_blocks = int(watermark * num_blocks)
         self._uncached_free: list[int] = list(range(num_blocks - 1, 0, -1))
-        self._cached_free: OrderedDict[int, None] = OrderedDict()  # first = evicted first
-        self._ref = [0] * num_blocks
-        self._key: list[int | None] = [None] * num_blocks
-        # key → the block holding it, or (duplicates) an ordered dict of them, first = the one
-        # a hit takes; as vLLM's BlockHashToBlockMap.
-        self._by_key: dict[int, int | dict[int, None]] = {}
+        self._queue: deque[_Run] = deque()  # first = evicted first
+        self._queued = 0
+        """Valid entries in the queue: the cached free blocks."""
+        self._free_registered: dict[int, _Run] = {}
+        """Registered blocks in the queue → the run holding their valid entry."""
+        self._extra_refs: dict[int, int] = {}
+        """Blocks held by more than one request → holders beyond the first."""
+        self._by_key: dict[int, int] = {}
+        """Key → the block a hit takes (the first registered under it)."""
+        self._duplicates: dict[int, list[int]] = {}
+        """Key → the further blocks registered under it, in order (vLLM's
+        ``BlockHashToBlockMap`` keeps them all)."""
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._uncached_free) + len(self._cached_free)
+        return len(self._uncached_free) + self._queued
 
     @property
     def num_used_blocks(self) -> int:
@@ -63,17 +100,17 @@ class KVCache:
         if not self.enable_caching:
             return []
         size = self.block_size
-        by_key = self._by_key
+        lookup = self._by_key.get
         hit: list[int] = []
         end = (request.num_tokens - 1) // size
         start, batch = 0, 8
         while start < end:  # keys in growing batches: most walks stop at the first blocks
             stop = min(end, start + batch)
-            for key in request.block_keys(start, stop, size):
-                holder = by_key.get(key)
-                if holder is None:
-                    return hit
-                hit.append(holder if holder.__class__ is int else next(iter(holder)))  # type: ignore[arg-type]
+            found = list(map(lookup, request.block_keys(start, stop, size)))
+            if None in found:
+                hit.extend(found[: found.index(None)])  # type: ignore[arg-type]
+                return hit
+            hit.extend(found)  # type: ignore[arg-type]
             start, batch = stop, batch * 2
         return hit
 
@@ -125,7 +162,7 @@ class KVCache:
         if hit_blocks:
             self._touch(hit_blocks)
             request.blocks.extend(hit_blocks)
-            request.num_cached_blocks = len(request.blocks)
+            request.num_cached_blocks = request.registered_blocks = len(request.blocks)
         need_slots = min(computed + num_new_tokens, self.max_model_len)
         missing = -(-need_slots // self.block_size) - len(request.blocks)
         if missing > 0:
@@ -134,36 +171,64 @@ class KVCache:
             self.cache_full_blocks(request, min(computed + num_new_tokens, request.num_tokens))
         return True
 
-    def free(self, request: SimRequest) -> None:
-        """Return the request's blocks, last first (so its tail is evicted first)."""
-        ref, key_of = self._ref, self._key
-        uncached, cached = self._uncached_free, self._cached_free
-        caching = self.enable_caching
-        for block in reversed(request.blocks):
-            count = ref[block] - 1
-            ref[block] = count
-            if count == 0:
-                if caching and key_of[block] is not None:
-                    cached[block] = None
-                else:
-                    uncached.append(block)
+    def free(self, request: SimRequest, *, resumable: bool = False) -> None:
+        """Return the request's blocks, last first (so its tail is evicted first).
+        ``resumable`` (a preemption): first register every full block, since the request
+        looks its own blocks up when it is admitted again."""
+        blocks, size = request.blocks, self.block_size
+        cached = request.num_cached_blocks
+        if resumable and cached > request.registered_blocks:
+            start = request.registered_blocks
+            self._register(blocks[start:cached], request.block_keys(start, cached, size))
+            request.registered_blocks = cached
+        registered = request.registered_blocks
+        self._uncached_free.extend(reversed(blocks[cached:]))
+        if registered < cached:  # nobody can hit these: queued, never registered
+            self._queue.append(_Run(blocks[registered:cached][::-1], None))
+            self._queued += cached - registered
+        if registered:
+            held, keys = blocks[:registered], request.block_keys(0, registered, size)
+            extra = self._extra_refs
+            if extra and not extra.keys().isdisjoint(held):
+                freed_blocks, freed_keys = [], []
+                for block, key in zip(reversed(held), reversed(keys), strict=True):
+                    others = extra.get(block)
+                    if others is None:
+                        freed_blocks.append(block)
+                        freed_keys.append(key)
+                    elif others == 1:
+                        del extra[block]
+                    else:
+                        extra[block] = others - 1
+            else:
+                freed_blocks, freed_keys = held[::-1], keys[::-1]
+            if freed_blocks:
+                run = _Run(freed_blocks, freed_keys)
+                self._queue.append(run)
+                self._free_registered.update(zip(freed_blocks, repeat(run)))
+                self._queued += len(freed_blocks)
         request.blocks = []
-        request.num_cached_blocks = 0
+        request.num_cached_blocks = request.registered_blocks = 0
 
     # --- internals -------------------------------------------------------------------------
 
     def _blocks_needed(self, request: SimRequest, num_tokens: int, hit_blocks: list[int]) -> int:
         required = -(-num_tokens // self.block_size)
         new = max(required - len(hit_blocks) - len(request.blocks), 0)
-        evictable = sum(1 for block in hit_blocks if self._ref[block] == 0)
-        return new + evictable
+        if not hit_blocks:
+            return new
+        return new + sum(map(self._free_registered.__contains__, hit_blocks))
 
     def _touch(self, blocks: list[int]) -> None:
-        ref = self._ref
+        """A hit takes the blocks: out of the queue if free, else one more holder."""
+        free_registered, extra = self._free_registered, self._extra_refs
         for block in blocks:
-            if ref[block] == 0:
-                del self._cached_free[block]
-            ref[block] += 1
+            run = free_registered.pop(block, None)
+            if run is None:
+                extra[block] = extra.get(block, 0) + 1
+            else:
+                run.stale += 1
+                self._queued -= 1
 
     def new_blocks(self, count: int) -> list[int]:
         """Take ``count`` free blocks: uncached ones first, then the least recently used."""
@@ -171,51 +236,82 @@ class KVCache:
         if count <= len(uncached):
             taken = uncached[len(uncached) - count :]
             del uncached[len(uncached) - count :]
-        else:
-            taken = uncached[:]
-            uncached.clear()
-            popitem = self._cached_free.popitem
-            evicted = [popitem(last=False)[0] for _ in range(count - len(taken))]
-            self._evict(evicted)
+            return taken
+        taken = uncached[:]
+        uncached.clear()
+        need = count - len(taken)
+        self._queued -= need
+        queue = self._queue
+        while need:
+            run = queue[0]
+            blocks, start = run.blocks, run.start
+            if run.keys is None or not run.stale:
+                stop = min(len(blocks), start + need)
+                evicted = blocks[start:stop]
+                if run.keys is not None:
+                    self._evict(evicted, run.keys[start:stop])
+            else:  # skip the entries hits took
+                owner = self._free_registered.get
+                positions = []
+                stop = start
+                while len(positions) < need and stop < len(blocks):
+                    end = min(len(blocks), stop + need - len(positions))
+                    positions += [i for i in range(stop, end) if owner(blocks[i]) is run]
+                    stop = end
+                run.stale -= stop - start - len(positions)
+                evicted = [blocks[i] for i in positions]
+                self._evict(evicted, [run.keys[i] for i in positions])
             taken += evicted
-        ref = self._ref
-        for block in taken:
-            ref[block] = 1
+            need -= len(evicted)
+            if stop == len(blocks):
+                queue.popleft()
+            else:
+                run.start = stop
         return taken
 
-    def _evict(self, blocks: list[int]) -> None:
-        """Drop the blocks' keys from the prefix cache."""
-        key_of, by_key = self._key, self._by_key
-        for block in blocks:
-            key = key_of[block]
-            if key is None:
-                continue
-            key_of[block] = None
-            holder = by_key[key]
-            if holder.__class__ is int:
-                del by_key[key]
+    def _register(self, blocks: list[int], keys: list[int]) -> None:
+        """Put the blocks in the key → block map (a key already there gains a duplicate)."""
+        by_key = self._by_key
+        if by_key.keys().isdisjoint(keys):
+            by_key.update(zip(keys, blocks, strict=True))
+            return
+        duplicates = self._duplicates
+        for block, key in zip(blocks, keys, strict=True):
+            if key in by_key:
+                duplicates.setdefault(key, []).append(block)
             else:
-                del holder[block]  # type: ignore[union-attr]
-                if len(holder) == 1:  # type: ignore[arg-type]
-                    by_key[key] = next(iter(holder))  # type: ignore[call-overload]
+                by_key[key] = block
+
+    def _evict(self, blocks: list[int], keys: list[int]) -> None:
+        """Drop registered free blocks (leaving the queue) from the prefix cache."""
+        _drain(map(self._free_registered.__delitem__, blocks))
+        by_key, duplicates = self._by_key, self._duplicates
+        if not duplicates or duplicates.keys().isdisjoint(keys):
+            _drain(map(by_key.__delitem__, keys))
+            return
+        for block, key in zip(blocks, keys, strict=True):
+            others = duplicates.get(key)
+            if others is None:
+                del by_key[key]
+                continue
+            if by_key[key] == block:
+                by_key[key] = others.pop(0)
+            else:
+                others.remove(block)
+            if not others:
+                del duplicates[key]
 
     def cache_full_blocks(self, request: SimRequest, num_tokens: int) -> None:
-        """Register the request's full blocks up to ``num_tokens`` under their keys."""
+        """Mark the request's full blocks up to ``num_tokens`` cached; register those other
+        requests could look up."""
         size = self.block_size
         start, full = request.num_cached_blocks, num_tokens // size
         if full <= start:
             return
-        key_of, by_key = self._key, self._by_key
-        blocks = request.blocks[start:full]
-        for block, key in zip(blocks, request.block_keys(start, full, size), strict=True):
-            if key_of[block] is not None:
-                self._evict([block])
-            key_of[block] = key
-            holder = by_key.get(key)
-            if holder is None:
-                by_key[key] = block
-            elif holder.__class__ is int:
-                by_key[key] = {holder: None, block: None}  # type: ignore[dict-item]
-            else:
-                holder[block] = None  # type: ignore[index]
+        shareable = min(full, request.shareable_tokens // size)
+        if start < shareable:
+            self._register(
+                request.blocks[start:shareable], request.block_keys(start, shareable, size)
+            )
+            request.registered_blocks = shareable
         request.num_cached_blocks = full

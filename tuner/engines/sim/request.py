@@ -28,9 +28,11 @@ class PrefixInterner:
 
     def __init__(self) -> None:
         self._ids: dict[tuple[int, int, int], int] = {}
+        self._users: list[int] = []
+        """Per chain id: how many chains (requests) contain it."""
 
     def chain(self, blocks: tuple[int, ...], block_size: int) -> list[int]:
-        ids = self._ids
+        ids, users = self._ids, self._users
         chain: list[int] = []
         previous = -1
         for block in blocks:
@@ -38,8 +40,21 @@ class PrefixInterner:
             previous = ids.get(key, -2)
             if previous == -2:
                 previous = ids[key] = len(ids)
+                users.append(0)
+            users[previous] += 1  # ids along one chain are distinct: each names its prefix
             chain.append(previous)
         return chain
+
+    def shared_prefix(self, chain: list[int]) -> int:
+        """How many leading ids of ``chain`` other chains contain too. Only those can ever be
+        looked up by another request (an id is a whole prefix, so the shared ones lead)."""
+        users = self._users
+        count = 0
+        for chain_id in chain:
+            if users[chain_id] < 2:
+                break
+            count += 1
+        return count
 
 
 class SimRequest:
@@ -61,6 +76,8 @@ class SimRequest:
         "placeholders",
         "preemptions",
         "prompt",
+        "registered_blocks",
+        "shareable_tokens",
         "shared_tokens",
         "stale",
         "status",
@@ -90,6 +107,11 @@ class SimRequest:
         self.status = Status.WAITING
         self.blocks: list[int] = []
         self.num_cached_blocks = 0
+        """Leading blocks that are full and cached (hit, or registered when scheduled)."""
+        self.registered_blocks = 0
+        """Of those, how many lead with their key in the prefix cache's map (see
+        ``KVCache``: a block no other request can look up is registered only if this request
+        is preempted and may look it up itself)."""
         self.preemptions = 0
         self.token_times: list[float] = []
         self.trace_block_size = request.prefix_block_size or 1
@@ -101,6 +123,14 @@ class SimRequest:
         # Prompt tokens whose content is given by the trace's prefix blocks (the rest, and all
         # output tokens, are unique to this request).
         self.shared_tokens = min(self.prompt, len(self.chain) * self.trace_block_size)
+        self.shareable_tokens = self.shared_tokens
+        """Leading prompt tokens that other requests' prompts may start with too (narrowed by
+        :meth:`narrow_sharing` once every request's chain is known)."""
+
+    def narrow_sharing(self, interner: PrefixInterner) -> None:
+        """Keep as shareable only the prefix that some other request's chain also holds."""
+        shared_ids = interner.shared_prefix(self.chain)
+        self.shareable_tokens = min(self.shared_tokens, shared_ids * self.trace_block_size)
 
     def add_outputs(self, count: int) -> None:
         """Record ``count`` more generated tokens."""
@@ -117,12 +147,14 @@ class SimRequest:
         """
         shared_end = min(end, self.shared_tokens // block_size)
         keys: list[int] = []
-        if start < shared_end:
-            chain, size = self.chain, self.trace_block_size
-            keys = [
-                (chain[((position + 1) * block_size - 1) // size] << _POSITION_BITS) | position
-                for position in range(start, shared_end)
-            ]
+        chain, size = self.chain, self.trace_block_size
+        position = start
+        while position < shared_end:  # one range of consecutive keys per trace block
+            trace_block = ((position + 1) * block_size - 1) // size
+            stop = min(shared_end, (trace_block + 1) * size // block_size)
+            base = chain[trace_block] << _POSITION_BITS
+            keys.extend(range(base + position, base + stop))
+            position = stop
         private = -((self.index + 1) << _POSITION_BITS)
         keys.extend(range(private - max(start, shared_end), private - end, -1))
         return keys

@@ -308,7 +308,7 @@ class Scheduler:
     def _preempt(self, request: SimRequest) -> None:
         """Recompute preemption: free everything, restart from the front of the queue. Under
         async scheduling its tokens in flight become stale (vLLM's ``_preempt_request``)."""
-        self.kv.free(request)
+        self.kv.free(request, resumable=True)
         request.status = Status.PREEMPTED
         request.num_computed = 0
         request.preemptions += 1
