@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -53,10 +54,10 @@ from prefill_tuner.errors import TunerError
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
 
-class StepShape(BaseModel):
-    """What a step computes, as the cost model sees it."""
-
-    model_config = ConfigDict(frozen=True)
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """What a step computes, as the cost model sees it (a plain dataclass: one is made per
+    simulated step)."""
 
     prefill_tokens: int = 0
     """Prompt (or recomputed) tokens processed in this step."""

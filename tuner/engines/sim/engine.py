@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -198,6 +198,9 @@ def simulate(
 MIN_DECODE_RUN = 4
 """Shorter runs of plain decode steps are cheaper to schedule one by one."""
 
+DURATION_CHUNK = 32
+"""Decode-step durations computed at once first (then 4× as many each time)."""
+
 
 @dataclass(slots=True)
 class _InFlight:
@@ -364,12 +367,19 @@ class _Loop:
             host = max(host, step.end)
             self._emit(step, scheduler.finish_step(step.plan, step.end / NS))
 
-    def _decode_durations(self, limit: int) -> np.ndarray:
-        """Total (device and host) time, in ticks, of the next ``limit`` plain decode steps."""
+    def _decode_durations(self, limit: int) -> Iterator[int]:
+        """Total (device and host) time, in ticks, of each of the next ``limit`` plain decode
+        steps, computed a growing chunk at a time: most runs end at an arrival long before
+        ``limit``."""
         running = self.scheduler.running
+        count = len(running)
         context = sum(r.num_computed + 1 for r in running)
-        seconds = self.profile.decode_run_seconds(len(running), context, limit)
-        return np.rint(seconds * NS).astype(np.int64)
+        done, chunk = 0, DURATION_CHUNK
+        while done < limit:
+            size = min(chunk, limit - done)
+            seconds = self.profile.decode_run_seconds(count, context + count * done, size)
+            yield from np.rint(seconds * NS).astype(np.int64).tolist()
+            done, chunk = done + size, chunk * 4
 
     def _sync_decode_run(self, clock: int, arrival: int | None) -> int | None:
         """Apply the plain decode steps that start now, up to the next arrival, in one go;
@@ -378,15 +388,18 @@ class _Loop:
         limit = scheduler.decode_run_limit()
         if limit < MIN_DECODE_RUN:
             return None
-        durations = self._decode_durations(limit)
-        times = clock + np.concatenate(([0], np.cumsum(durations)))
-        steps = limit
-        if arrival is not None:
-            # A step starting at or after the next arrival would admit it: stop before it.
-            steps = min(steps, int(np.searchsorted(times[:-1], arrival, side="left")))
+        starts: list[int] = []
+        ends: list[int] = []
+        start = clock
+        for duration in self._decode_durations(limit):
+            if arrival is not None and start >= arrival:
+                break  # a step starting at or after the next arrival would admit it
+            starts.append(start)
+            start += duration
+            ends.append(start)
+        steps = len(starts)
         if steps < MIN_DECODE_RUN:
             return None
-        starts, ends = times[:steps].tolist(), times[1 : steps + 1].tolist()
         ids = [r.id for r in scheduler.running] if self.on_step is not None else []
         used, finished = scheduler.apply_decode_run(steps, [end / NS for end in ends])
         self.peak_blocks = max(self.peak_blocks, used[-1])
@@ -404,7 +417,7 @@ class _Loop:
             return None
         count = len(scheduler.running)
         host_part = _ns(profile.host_seconds(count))
-        totals = self._decode_durations(limit).tolist()
+        totals = self._decode_durations(limit)
         arrival = self._upcoming()
         previous = queue[0]
         previous_end = device_free = previous.end

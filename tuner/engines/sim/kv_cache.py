@@ -31,7 +31,8 @@ How, cheaply (a long trace moves millions of blocks through the pool):
 from __future__ import annotations
 
 from collections import deque
-from itertools import repeat
+from itertools import compress, repeat
+from operator import not_
 
 from prefill_tuner.engines.sim.request import SimRequest, Status
 
@@ -189,17 +190,17 @@ class KVCache:
         if registered:
             held, keys = blocks[:registered], request.block_keys(0, registered, size)
             extra = self._extra_refs
-            if extra and not extra.keys().isdisjoint(held):
-                freed_blocks, freed_keys = [], []
-                for block, key in zip(reversed(held), reversed(keys), strict=True):
-                    others = extra.get(block)
-                    if others is None:
-                        freed_blocks.append(block)
-                        freed_keys.append(key)
-                    elif others == 1:
+            shared = list(map(extra.__contains__, held)) if extra else None
+            if shared is not None and True in shared:  # some stay held by other requests
+                for block in compress(held, shared):
+                    others = extra[block]
+                    if others == 1:
                         del extra[block]
                     else:
                         extra[block] = others - 1
+                alone = list(map(not_, shared))
+                freed_blocks = list(compress(held, alone))[::-1]
+                freed_keys = list(compress(keys, alone))[::-1]
             else:
                 freed_blocks, freed_keys = held[::-1], keys[::-1]
             if freed_blocks:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.kv_cache import KVCache
@@ -230,13 +231,13 @@ class Scheduler:
         # of its last block. Stop before the first step whose allocations would not fit.
         free = kv.num_free_blocks
         first_needs = [len(r.blocks) * size - r.num_computed for r in running]
+        if sum(len(range(first, steps, size)) for first in first_needs) <= free:
+            return steps  # every allocation of the whole run fits
         needs_by_step = [0] * steps
         for first in first_needs:
             for step in range(first, steps, size):
                 needs_by_step[step] += 1
-        total = 0
-        for step, needs in enumerate(needs_by_step):
-            total += needs
+        for step, total in enumerate(accumulate(needs_by_step)):
             if total > free:
                 return step
         return steps
@@ -280,27 +281,29 @@ class Scheduler:
         used = [0] * steps
         start_used = kv.num_used_blocks
         finished: list[SimRequest] = []
-        for request in running:
-            computed = request.num_computed
-            first = len(request.blocks) * size - computed
-            allocations = len(range(first, steps, size))
+        firsts = [len(request.blocks) * size - request.num_computed for request in running]
+        counts = [len(range(first, steps, size)) for first in firsts]
+        fresh = kv.new_blocks(sum(counts))  # in running order, as step by step
+        taken = 0
+        caching = kv.enable_caching
+        for request, first, allocations in zip(running, firsts, counts, strict=True):
             if allocations:
-                request.blocks.extend(kv.new_blocks(allocations))
+                request.blocks += fresh[taken : taken + allocations]
+                taken += allocations
                 for step in range(first, steps, size):
                     used[step] += 1
+            computed = request.num_computed
             request.num_computed = computed + steps
             if lag:
                 request.in_flight = 1  # the run's last step (the one before it has landed)
-            request.add_outputs(steps)
-            request.token_times.extend(token_times)
-            if kv.enable_caching:
+            request.num_output += steps
+            request.num_tokens += steps
+            request.token_times += token_times
+            if caching:
                 kv.cache_full_blocks(request, computed + steps - lag)
             if request.num_output >= request.max_tokens:
                 finished.append(request)
-        total = start_used
-        for step in range(steps):
-            total += used[step]
-            used[step] = total
+        used = list(accumulate(used, initial=start_used))[1:]
         if finished:
             self._retire(finished)
         return used, finished
