@@ -53,6 +53,8 @@ class TrialResult:
     """The server log of a real engine's trial."""
     overhead_s: dict[str, float] = field(default_factory=dict)
     """Where a real trial's time went (``resolve``, ``start-up``, ``replay``, ``teardown``)."""
+    wall_s: float = 0.0
+    """How long the trial took, end to end (engine, scoring, storing)."""
 
 
 @dataclass
@@ -377,6 +379,7 @@ class TrialObjective:
             predicted = self.predict(settings) if self.predict is not None else None
             if predicted is not None:
                 metrics["details"] = {**run.details, "predicted": predicted}
+        wall_s = time.perf_counter() - started
         self.store.add_trial(
             self.record,
             engine=self.engine.name,
@@ -398,7 +401,7 @@ class TrialObjective:
             status="failed" if run.failure else "complete",
             failure_reason=run.failure,
             started_at=started_at,
-            wall_s=time.perf_counter() - started,
+            wall_s=wall_s,
             log_path=run.log_path,
             startup_s=run.startup_s,
         )
@@ -413,6 +416,7 @@ class TrialObjective:
                 run.cut_short.reason if run.cut_short else None,
                 run.log_path,
                 run.overhead_s,
+                time.perf_counter() - started,
             )
         )
         return values

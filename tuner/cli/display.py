@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim import SimResult
@@ -128,14 +128,20 @@ class ProgressDisplay:
         self.plan, self.verbose = plan, verbose
         self.bar = Progress(
             TextColumn("[bold]trials"),
-            BarColumn(),
+            BarColumn(bar_width=8),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TextColumn("{task.description}"),
+            TextColumn("{task.fields[last]}"),
+            # The description yields (cut short with an ellipsis), never the counts.
+            TextColumn(
+                "{task.description}",
+                table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
+            ),
             console=console,
             transient=False,
+            expand=True,
         )
-        self.task = self.bar.add_task("no feasible trial yet", total=None)
+        self.task = self.bar.add_task("no feasible trial yet", total=None, last="")
         self.best: TrialResult | None = None
         self.failed = 0
         self.progress = StudyProgress(on_start=self._start, on_trial=self._trial)
@@ -166,12 +172,25 @@ class ProgressDisplay:
                 f"{o.name} {format_value(o.name, v)}"
                 for o, v in zip(objectives, self.best.values, strict=True)
             )
-            description = f"best feasible (trial {self.best.number}): {shown}"
+            description = f"best feasible #{self.best.number}: {shown}"
         if self.failed:
             description += f"; {self.failed} failed"
-        self.bar.update(self.task, advance=1, description=escape(description))
+        self.bar.update(
+            self.task,
+            advance=1,
+            description=escape(description),
+            last=f"last {format_duration(result.wall_s)}",
+        )
         if self.verbose:
             self.bar.console.print(escape(trial_line(result, objectives)), soft_wrap=True)
+
+
+def format_duration(seconds: float) -> str:
+    """A trial's wall time: tenths of a second, then minutes."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
 
 
 def format_value(name: str, value: float) -> str:
@@ -182,12 +201,13 @@ def format_value(name: str, value: float) -> str:
 def trial_line(result: TrialResult, objectives: Sequence[Objective]) -> str:
     """One line per finished trial: its values and verdict, or, for a failed trial, that it
     failed and why (its values are the optimiser's penalties, not measurements)."""
-    took = (
-        "; took "
-        + ", ".join(f"{part} {seconds:.1f} s" for part, seconds in result.overhead_s.items())
-        if result.overhead_s
-        else ""
-    )
+    took = f"; took {format_duration(result.wall_s)}" if result.wall_s else ""
+    if result.overhead_s:
+        took += (
+            " ("
+            + ", ".join(f"{part} {seconds:.1f} s" for part, seconds in result.overhead_s.items())
+            + ")"
+        )
     if result.failure:
         log = f" (log: {result.log_path})" if result.log_path else ""
         return f"trial {result.number} failed: {result.failure}{log}{took}"
