@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from array import array
 
 from prefill_tuner.trace.model import Request
 
@@ -113,7 +114,8 @@ class SimRequest:
         ``KVCache``: a block no other request can look up is registered only if this request
         is preempted and may look it up itself)."""
         self.preemptions = 0
-        self.token_times: list[float] = []
+        self.token_times = array("d")
+        """When each output token was delivered (8 bytes a token: a long trace has millions)."""
         self.trace_block_size = request.prefix_block_size or 1
         self.chain = (
             interner.chain(request.prefix_blocks, self.trace_block_size)

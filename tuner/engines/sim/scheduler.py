@@ -35,6 +35,7 @@ the engine schedules step k+1 before step k's output is applied, so:
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -286,6 +287,7 @@ class Scheduler:
         fresh = kv.new_blocks(sum(counts))  # in running order, as step by step
         taken = 0
         caching = kv.enable_caching
+        times = array("d", token_times)
         for request, first, allocations in zip(running, firsts, counts, strict=True):
             if allocations:
                 request.blocks += fresh[taken : taken + allocations]
@@ -298,7 +300,7 @@ class Scheduler:
                 request.in_flight = 1  # the run's last step (the one before it has landed)
             request.num_output += steps
             request.num_tokens += steps
-            request.token_times += token_times
+            request.token_times += times
             if caching:
                 kv.cache_full_blocks(request, computed + steps - lag)
             if request.num_output >= request.max_tokens:
