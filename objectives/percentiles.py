@@ -22,19 +22,24 @@ def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
 
 
 def summarize(
-    values: Sequence[float] | np.ndarray, quantiles: Sequence[float] = STANDARD_PERCENTILES
+    values: Sequence[float] | np.ndarray,
+    quantiles: Sequence[float] = STANDARD_PERCENTILES,
+    *,
+    reorder: bool = False,
 ) -> dict[str, float]:
     """``{"mean", "p50", "p90", "p95", "p99", "max"}`` of the values (NaN when empty).
 
     Keys for percentiles are ``p`` plus the number without a trailing ``.0`` (``p99.9`` stays).
+    ``reorder``: the values (an array) may be partly sorted in place instead of copied.
     """
     array = np.asarray(values, dtype=float)
     keys = [f"p{q:g}" for q in quantiles]
     if array.size == 0:
         return {"mean": float("nan"), **dict.fromkeys(keys, float("nan")), "max": float("nan")}
-    points = np.percentile(array, list(quantiles))
+    mean, top = float(array.mean()), float(array.max())  # before any reordering
+    points = np.percentile(array, list(quantiles), overwrite_input=reorder)
     return {
-        "mean": float(array.mean()),
+        "mean": mean,
         **{key: float(point) for key, point in zip(keys, points, strict=True)},
-        "max": float(array.max()),
+        "max": top,
     }
