@@ -71,20 +71,25 @@ class Step:
 
 def sim_steps(records: Sequence[StepRecord], usable_blocks: int) -> list[Step]:
     """The simulator's step records as :class:`Step`."""
-    return [
-        Step(
-            start_s=r.start_s,
-            duration_s=r.duration_s,
-            prefill_tokens=r.prefill_tokens,
-            decode_tokens=r.decode_tokens,
-            running=r.running_after,
-            waiting=r.waiting_after,
-            kv_usage=r.kv_blocks_in_use / usable_blocks if usable_blocks else None,
-            preempted=r.preempted,
-            index=r.index,
-        )
-        for r in records
-    ]
+    return [sim_step(r, usable_blocks) for r in records]
+
+
+def sim_step(
+    record: StepRecord, usable_blocks: int, prefill_chunks: dict[str, int] | None = None
+) -> Step:
+    """One simulator step record as a :class:`Step` (with its prefill chunks, if known)."""
+    return Step(
+        start_s=record.start_s,
+        duration_s=record.duration_s,
+        prefill_tokens=record.prefill_tokens,
+        decode_tokens=record.decode_tokens,
+        running=record.running_after,
+        waiting=record.waiting_after,
+        kv_usage=record.kv_blocks_in_use / usable_blocks if usable_blocks else None,
+        preempted=record.preempted,
+        index=record.index,
+        prefill_chunks=prefill_chunks,
+    )
 
 
 def real_steps(logged: Sequence[dict[str, Any]], started_unix_s: float) -> list[Step]:

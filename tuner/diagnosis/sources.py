@@ -4,6 +4,8 @@ trial kept."""
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 
 from prefill_tuner.diagnosis.detectors import Finding, diagnose
@@ -28,14 +30,22 @@ def trial_view(record: StudyRecord, trial: TrialRecord, trace: Trace | None = No
             trace, note = study_trace(record)
         if trace is None:
             raise TunerError(f"{where}: {note}")
-        config = SimConfig(**{k: v for k, v in resolved.items() if k in SimConfig.model_fields})
-        return simulated_view(trace, config, profile_from_record(resolved["profile"]))
+        return _simulated_view(trace, json.dumps(resolved, sort_keys=True))
     steps = (((trial.metrics or {}).get("details") or {}).get("server_steps") or {}).get("trace")
     if not steps or not Path(steps).is_file():
         raise TunerError(f"{where}: its server step log ({steps or 'none'}) is not on this machine")
     scheduler = resolved.get("scheduler_config") or {}
     settings = {**scheduler, **trial.settings}
     return logged_view(Path(steps), settings)
+
+
+@functools.lru_cache(maxsize=2)
+def _simulated_view(trace: Trace, resolved_json: str) -> RunView:
+    """A simulated trial's run, kept for the next caller: ``tune run`` diagnoses the baseline
+    and its report then draws it (one simulation, not two)."""
+    resolved = json.loads(resolved_json)
+    config = SimConfig(**{k: v for k, v in resolved.items() if k in SimConfig.model_fields})
+    return simulated_view(trace, config, profile_from_record(resolved["profile"]))
 
 
 def trial_findings(record: StudyRecord, trial: TrialRecord) -> tuple[list[Finding], str | None]:

@@ -23,7 +23,7 @@ from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.engine import StepRecord, simulate
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.metrics import RequestRecord
-from prefill_tuner.timeline import Step, real_steps, sim_steps
+from prefill_tuner.timeline import Step, real_steps, sim_step
 from prefill_tuner.trace.model import Trace
 
 StepView = Step
@@ -88,28 +88,26 @@ def simulated_view(trace: Trace, config: SimConfig, profile: StepModel) -> RunVi
     preemptions)."""
     prompts = {r.id: r.prompt_tokens for r in trace.requests}
     computed: dict[str, int] = {}
-    seen: list[StepRecord] = []
-    chunks_of: list[dict[str, int]] = []
+    steps: list[Step] = []
+    usable = config.usable_blocks
 
     def on_step(record: StepRecord) -> None:
-        for rid in record.preempted:
-            computed[rid] = 0
-        for rid, cached in record.admitted_cached_tokens.items():
-            computed[rid] = cached
         chunks: dict[str, int] = {}
-        for rid, tokens in record.scheduled.items():
-            done = computed.get(rid, 0)
-            if done < prompts.get(rid, 0):
-                chunks[rid] = min(tokens, prompts[rid] - done)
-            computed[rid] = done + tokens
-        seen.append(record)
-        chunks_of.append(chunks)
+        # A step of decodes only (most steps) moves no prompt: nothing to follow.
+        if record.prefill_tokens or record.preempted or record.admitted_cached_tokens:
+            for rid in record.preempted:
+                computed[rid] = 0
+            for rid, cached in record.admitted_cached_tokens.items():
+                computed[rid] = cached
+            for rid, tokens in record.scheduled.items():
+                done = computed.get(rid, 0)
+                if done < prompts.get(rid, 0):
+                    chunks[rid] = min(tokens, prompts[rid] - done)
+                computed[rid] = done + tokens
+        # Kept as a Step at once: the record's per-request dict is not needed after this.
+        steps.append(sim_step(record, usable, chunks))
 
     result = simulate(trace, config, profile, on_step=on_step)
-    steps = [
-        dataclasses.replace(step, prefill_chunks=chunks)
-        for step, chunks in zip(sim_steps(seen, result.usable_kv_blocks), chunks_of, strict=True)
-    ]
     return RunView(
         steps=steps,
         requests=_requests(trace, result.records),

@@ -150,6 +150,27 @@ class KVCache:
     ) -> bool:
         """Give the request slots for ``num_new_tokens`` more tokens, adopting ``hit_blocks``
         first; False (and no change) when the free blocks do not suffice."""
+        if not hit_blocks and not full_sequence_must_fit:
+            # The common call (a running request's next chunk): can_allocate's arithmetic
+            # without a hit, inlined.
+            max_model_len, size = self.max_model_len, self.block_size
+            computed = min(request.num_computed, max_model_len)
+            need_slots = min(computed + num_new_tokens, max_model_len)
+            missing = -(-need_slots // size) - len(request.blocks)
+            watermark = (
+                self.watermark_blocks
+                if has_scheduled_reqs and request.status in (Status.WAITING, Status.PREEMPTED)
+                else 0
+            )
+            if max(missing, 0) + watermark > len(self._uncached_free) + self._queued:
+                return False
+            if missing > 0:
+                request.blocks += self.new_blocks(missing)
+            if self.enable_caching:
+                known = min(computed + num_new_tokens, request.num_tokens)
+                if known // size > request.num_cached_blocks:
+                    self.cache_full_blocks(request, known)
+            return True
         hit_blocks = hit_blocks or []
         if not self.can_allocate(
             request,
