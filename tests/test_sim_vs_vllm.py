@@ -17,6 +17,7 @@ import itertools
 import pytest
 
 from prefill_tuner.engines.sim import ConstantProfile, SimConfig, simulate
+from prefill_tuner.engines.sim.engine import StepRecord
 from prefill_tuner.trace.model import Request, Trace
 from tests.conftest import vllm_python
 from tests.sim_crosscheck import (
@@ -75,12 +76,26 @@ def test_the_scenarios_exercise_every_rule(async_scheduling: bool) -> None:
             "watermark",
             "chunked prompt",
             "KV wait",
+            "resumed from blocks only it could hit",
         ],
         0,
     )
     for _, trace, config, reference in random_cases(async_scheduling):
         steps = reference["steps"]
-        result = simulate(trace, config, one_second)
+        records: list[StepRecord] = []
+        result = simulate(trace, config, one_second, on_step=records.append)
+        # The simulator registers a block no other request could hit only when its request is
+        # preempted: a resumed request's hit past the prefix it shares is that path.
+        shared = _shared_prefix_tokens(trace)
+        preempted: set[str] = set()
+        resumed_hit = False
+        for record in records:
+            resumed_hit |= any(
+                cached > shared[rid] and rid in preempted
+                for rid, cached in record.admitted_cached_tokens.items()
+            )
+            preempted.update(record.preempted)
+        covered["resumed from blocks only it could hit"] += resumed_hit
         covered["preemption"] += any(step["preempted"] for step in steps)
         covered["prefix hit"] += result.prefix_cache_hits > 0
         covered["threshold"] += config.long_prefill_token_threshold > 0
@@ -94,6 +109,22 @@ def test_the_scenarios_exercise_every_rule(async_scheduling: bool) -> None:
         )
         covered["KV wait"] += result.peak_kv_blocks > 0.8 * config.usable_blocks
     assert all(count >= 10 for count in covered.values()), covered
+
+
+def _shared_prefix_tokens(trace: Trace) -> dict[str, int]:
+    """Per request: the leading prompt tokens some other request's prompt starts with too."""
+    holders: dict[tuple[int, ...], int] = {}
+    for request in trace.requests:
+        for k in range(1, len(request.prefix_blocks) + 1):
+            prefix = request.prefix_blocks[:k]
+            holders[prefix] = holders.get(prefix, 0) + 1
+    shared = {}
+    for request in trace.requests:
+        k = 0
+        while k < len(request.prefix_blocks) and holders[request.prefix_blocks[: k + 1]] > 1:
+            k += 1
+        shared[request.id] = min(request.prompt_tokens, k * (request.prefix_block_size or 1))
+    return shared
 
 
 def test_async_scenarios_exercise_what_async_scheduling_changes() -> None:
