@@ -214,14 +214,14 @@ class Scheduler:
         if config.async_scheduling:
             # Each request has exactly its next token in flight (the step before the run),
             # and that is not its last one.
-            for request in running:
+            for request in reversed(running):  # the newest is the likeliest to prefill
                 if request.placeholders != 1 or request.num_computed != request.num_tokens:
                     return 0
                 steps = min(steps, request.max_tokens - request.num_output - 1)
             if self.num_stale:
                 return 0  # a waiting request becomes resumable when its stale output lands
         else:
-            for request in running:
+            for request in reversed(running):
                 if request.num_computed != request.num_tokens - 1 or not request.num_output:
                     return 0  # still prefilling (a last 1-token chunk is not a decode)
                 steps = min(steps, request.max_tokens - request.num_output)
