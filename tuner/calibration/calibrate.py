@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 from prefill_tuner.calibration.fit import KINDS, StepFit, fit_steps
 from prefill_tuner.calibration.reconstruct import Scheduling, rebuild_steps
@@ -250,6 +249,8 @@ def fit_frontend(
         return float(np.mean(np.abs(np.log(ratios)))) if ratios.size else 0.0
 
     fastest = min((_fastest_ttft_ms(replay) for replay in replays), default=0.0)
+    from scipy.optimize import minimize_scalar  # scipy loads in ~0.7 s: only when fitting
+
     best = minimize_scalar(
         loss, bounds=(0.0, max(fastest, 1.0)), method="bounded", options={"xatol": 0.05}
     )

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import least_squares, nnls
 
 from prefill_tuner.engines.sim.cost_model import FEATURES, StepShape, step_features
 
@@ -138,6 +137,8 @@ def _fit_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative coefficients minimising the robust log error of the prediction;
     columns are scaled to unit size first (token counts and query-key pairs differ by orders
     of magnitude)."""
+    from scipy.optimize import least_squares, nnls  # ~0.7 s to load: only when fitting
+
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
     scaled = x / scale
@@ -164,6 +165,8 @@ HOST_SCALE_MS = 0.5
 def _fit_absolute(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative, robust least squares in absolute terms (host residuals can be negative
     where log lines were written late and early)."""
+    from scipy.optimize import least_squares, nnls
+
     start, _ = nnls(x, np.maximum(y, 0.0))
     return least_squares(
         lambda beta: x @ beta - y,
