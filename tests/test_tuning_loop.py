@@ -112,6 +112,10 @@ def test_infeasible_study_says_so_and_names_the_binding_slo(tune, tmp_path: Path
     code, out, err = tune(*run_args(storage, 4, slos=("p99_ttft=1us",)))
     assert code == 4, err  # a distinct exit code: nothing to deploy
     assert "No trial met the SLOs" in out and "binding p99_ttft" in out
+    # Why, and whether any load would do: no setting reaches a 1 µs first token.
+    flat = " ".join(err.split())
+    assert "no scheduler setting can meet these SLOs, at any load: p99_ttft" in flat
+    assert "miss the SLOs even at 1/64 of the trace's request rate" in flat
     code, _, err = tune("export", "--storage", storage)
     assert code == 2 and "no trial met the SLOs" in err
 

@@ -40,11 +40,13 @@ from prefill_tuner.cli.options import (
 )
 from prefill_tuner.diagnosis.sources import trial_findings
 from prefill_tuner.documents import stored_summary_document
+from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.files import check_output
 from prefill_tuner.html_report import write_report
-from prefill_tuner.plan import SpaceSpec, build_plan
+from prefill_tuner.infeasibility import latency_floor, rate_headroom
+from prefill_tuner.plan import SpaceSpec, StudyPlan, build_plan
 from prefill_tuner.report import StudySummary, render_summary, summarize_stored
 from prefill_tuner.screening import give_profile, run_screened_study
 from prefill_tuner.storage.store import TunerStore, redact_url
@@ -221,6 +223,7 @@ def run_command(
     if not interrupted:
         try:
             with stop_signals(err):  # a stop now leaves no half-written report behind
+                _why_infeasible(plan, trial_engine, summary, err)
                 _explain(summary, plan.name, storage, err)
                 if report_path is not None and summary.finished:
                     path = write_report(store, plan.name, report_path)
@@ -235,6 +238,34 @@ def run_command(
         raise typer.Exit(exit_codes.INTERRUPTED)
     if summary.recommended is None:
         raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
+
+
+def _why_infeasible(
+    plan: StudyPlan, engine: TrialEngine, summary: StudySummary, err: Console
+) -> None:
+    """When nothing met the SLOs on the simulator: whether any setting could at this load,
+    and up to what load the closest trial's settings do."""
+    profile = getattr(engine, "profile", None)
+    if summary.recommended is not None or profile is None or plan.objective_mode != "latency":
+        return
+    floors = latency_floor(plan.trace, profile, plan.slos)
+    unreachable = [floor for floor in floors if floor.unreachable]
+    if unreachable:
+        err.print("no scheduler setting can meet these SLOs, at any load:", soft_wrap=True)
+        for floor in unreachable:
+            err.print(escape(f"  {floor.line()}"), soft_wrap=True)
+    closest = next((t for t in summary.closest if t.status != "failed"), None)
+    if closest is not None:
+        headroom = rate_headroom(
+            engine,
+            plan.trace,
+            closest.settings,
+            plan.slos,
+            trial_number=closest.trial_number,
+            error_budget=plan.error_budget,
+            tolerance=plan.capacity_tolerance,
+        )
+        err.print(escape(headroom.line()), soft_wrap=True)
 
 
 def _explain(summary: StudySummary, study: str, storage: str, err: Console) -> None:
