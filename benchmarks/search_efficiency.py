@@ -485,11 +485,27 @@ def main() -> None:
                     + "".join(f"{v:>8.1%}" for v in at.values())
                     + (f"{per_trial:>9.3f}" if per_trial is not None else "")
                 )
+                median_curve = [statistics.median(c) for c in zip(*method_curves, strict=True)]
                 summary["methods"][method] = {
                     "trials_to_98": hits,
                     "median_quality": at,
                     "sampler_s_per_trial": per_trial,
+                    "median_curve": median_curve,
                 }
+            if "random" in curves:
+                random_curve = summary["methods"]["random"]["median_curve"]
+                for method, result in summary["methods"].items():
+                    behind = [
+                        n
+                        for n in range(10, args.budget + 1)
+                        if result["median_curve"][n - 1] < random_curve[n - 1] - 1e-12
+                    ]
+                    result["behind_random_at"] = behind
+                    if method != "random":
+                        print(
+                            f"  {method}: behind random (median) at budgets "
+                            f"{', '.join(map(str, behind)) or 'none'} of 10..{args.budget}"
+                        )
             results[key] = summary
         engine.save()
         print(f"  ({engine.runs} distinct simulations for {trace_name})")
