@@ -259,8 +259,9 @@ def enqueue_baseline(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) 
 
 def enqueue_rule_trials(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) -> None:
     """Queue the rule-derived first trials (:mod:`prefill_tuner.first_trials`) after the
-    baseline, each marked with its rule; nothing when ``plan.rule_trials`` is off."""
-    if not plan.rule_trials:
+    baseline, each marked with its rule; nothing when ``plan.rule_trials`` is off, or in a
+    screened study (the simulator's Pareto-optimal candidates run after the baseline there)."""
+    if not plan.rule_trials or plan.screen_trials:
         return
     defaults = engine.default_settings()
     for trial in rule_trials(plan, defaults, engine.max_model_len(dict(plan.space.fixed))):
