@@ -2,6 +2,7 @@
 grid, on the simulator where the exhaustive grid is affordable (issue 4).
 
     .venv/bin/python benchmarks/search_efficiency.py [--seeds 5] [--budget 40]
+        [--methods tuner,random,...] [--only TEXT] [--cache FILE]
 
 For two traces and two SLO settings each, quality is the normalised hypervolume of the
 feasible (p99 TTFT, p99 TPOT) points found so far, with the SLO limits as the reference point:
@@ -10,18 +11,22 @@ exhaustive power-of-two grid over the default space (max_num_batched_tokens 256.
 max_num_seqs 8..1024 × chunked prefill on/off × threshold off or 64..8192 × reserve-full-ISL
 on/off, deduplicated after vLLM's validity rules). Methods, each with the same trial budget:
 
-- ``tuner``: ``tune run``'s study (multivariate TPE, the defaults enqueued first), per seed;
+- ``tuner``: ``tune run``'s study (its default sampler, the defaults enqueued first), per seed;
 - ``random``: the same study with Optuna's random sampler, per seed;
+- the candidates of issue 17 (``--methods``, see :data:`METHODS`): other samplers, TPE
+  options, the ratio parametrisation of the token budget, rule-derived first trials;
 - ``auto_tune grid``: like vLLM's ``auto_tune.sh``, max_num_seqs × max_num_batched_tokens on a
   log grid of about ``sqrt(budget)`` values each, the other knobs at their defaults.
 
 Prints, per setting: the grid optimum, trials each method needs to reach 98% of it (median
-over seeds; "-" when not reached within the budget), and the quality at budgets 5..40.
+over seeds; "-" when not reached within the budget), the quality at budgets 5..40, and the
+sampler's seconds per trial (time inside the sampler's calls over the study, per trial).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -29,11 +34,16 @@ import pickle
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import optuna
+from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
+import prefill_tuner.study
 from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.adapter import SimEngine
@@ -41,7 +51,11 @@ from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.objectives.scoring import judge
 from prefill_tuner.objectives.slo import Slo, parse_slos
 from prefill_tuner.plan import StudyPlan
-from prefill_tuner.search_spaces.space import build_space, effective_settings
+from prefill_tuner.search_spaces.space import (
+    SearchSpace,
+    build_space,
+    effective_settings,
+)
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study import run_study
 from prefill_tuner.trace import ShapeOptions, Trace, load_trace
@@ -86,7 +100,12 @@ class CachedEngine(SimEngine):
         self.runs = 0
 
     def run(
-        self, trace: Trace, settings: dict[str, Any], early_abort: EarlyAbortRule | None = None
+        self,
+        trace: Trace,
+        settings: dict[str, Any],
+        early_abort: EarlyAbortRule | None = None,
+        *,
+        label: str | None = None,
     ) -> EngineRun:
         source = trace.source
         identity = (source.sha256 if source else "", len(trace), trace.adjustments)
@@ -171,19 +190,184 @@ def auto_tune_grid(budget: int, defaults: dict[str, Any]) -> list[dict[str, Any]
     return points[:budget]
 
 
+SAMPLER_CALLS = (
+    "infer_relative_search_space",
+    "sample_relative",
+    "sample_independent",
+    "before_trial",
+    "after_trial",
+)
+
+
+def timed(sampler: optuna.samplers.BaseSampler, clock: list[float]) -> optuna.samplers.BaseSampler:
+    """The sampler, adding the seconds spent in its calls to ``clock[0]``."""
+    for name in SAMPLER_CALLS:
+        call = getattr(sampler, name)
+
+        def wrapper(*args: Any, _call: Callable[..., Any] = call, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return _call(*args, **kwargs)
+            finally:
+                clock[0] += time.perf_counter() - started
+
+        setattr(sampler, name, wrapper)
+    return sampler
+
+
+SamplerFactory = Callable[[int, int], optuna.samplers.BaseSampler]
+"""(seed, start-up trials) → a sampler."""
+
+
+def gp_sampler(seed: int, startup: int) -> optuna.samplers.BaseSampler:
+    """Optuna's GP sampler: it reads the constraints ``trial.set_constraint`` stores."""
+    return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+
+
+def tpe_with(**options: Any) -> SamplerFactory:
+    """Multivariate TPE (it reads the stored constraints too) with other options."""
+
+    def make(seed: int, startup: int) -> optuna.samplers.BaseSampler:
+        return optuna.samplers.TPESampler(
+            **{"multivariate": True, "seed": seed, "n_startup_trials": startup, **options}
+        )
+
+    return make
+
+
+TOKENS, SEQS, THRESHOLD = "max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"
+RATIO_PARAM = "max_num_batched_tokens_per_seq"
+THRESHOLD_PARAM = "long_prefill_token_threshold_log2_off_high"
+
+
+@dataclass(frozen=True)
+class RatioSpace(SearchSpace):
+    """The default space, ``max_num_batched_tokens`` searched as its ratio to
+    ``max_num_seqs`` (log scale; clipped to the token range). Trials store the effective
+    settings, as ever; only the parameters Optuna models differ."""
+
+    def _bounds(self) -> tuple[float, float]:
+        tokens, seqs = self.ranges[TOKENS], self.ranges[SEQS]
+        return max(1.0, tokens.low / seqs.high), tokens.high / seqs.low
+
+    def distributions(self) -> dict[str, BaseDistribution]:
+        result = {k: v for k, v in super().distributions().items() if k != TOKENS}
+        return {RATIO_PARAM: FloatDistribution(*self._bounds(), log=True), **result}
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        values = _suggest_others(self, trial, skip=(TOKENS,))
+        ratio = trial.suggest_float(RATIO_PARAM, *self._bounds(), log=True)
+        tokens = self.ranges[TOKENS]
+        values[TOKENS] = min(max(round(ratio * values[SEQS]), tokens.low), tokens.high)
+        return values
+
+    def params_for(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        params = {k: v for k, v in super().params_for(settings).items() if k != TOKENS}
+        low, high = self._bounds()
+        ratio = settings[TOKENS] / settings[SEQS]
+        return {RATIO_PARAM: min(max(ratio, low), high), **params}
+
+
+@dataclass(frozen=True)
+class ThresholdOffHighSpace(SearchSpace):
+    """The default space, the threshold's "off" placed above its highest power of two
+    (no cap = the loosest cap) instead of below its lowest (next to the tightest)."""
+
+    def _exponents(self) -> tuple[int, int]:
+        knob = self.ranges[THRESHOLD]
+        return knob.low.bit_length() - 1, knob.high.bit_length() - 1
+
+    def distributions(self) -> dict[str, BaseDistribution]:
+        result = super().distributions()
+        low, high = self._exponents()
+        del result[self.ranges[THRESHOLD].param]
+        return {**result, THRESHOLD_PARAM: IntDistribution(low, high + 1)}
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        values = _suggest_others(self, trial, skip=(THRESHOLD,))
+        low, high = self._exponents()
+        exponent = trial.suggest_int(THRESHOLD_PARAM, low, high + 1)
+        values[THRESHOLD] = 0 if exponent > high else 2**exponent
+        return values
+
+    def params_for(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        params = super().params_for(settings)
+        del params[self.ranges[THRESHOLD].param]
+        low, high = self._exponents()
+        value = settings[THRESHOLD]
+        exponent = high + 1 if not value else min(max(value.bit_length() - 1, low), high)
+        return {**params, THRESHOLD_PARAM: exponent}
+
+
+def _suggest_others(
+    space: SearchSpace, trial: optuna.Trial, skip: tuple[str, ...]
+) -> dict[str, Any]:
+    """The base space's suggestions for every knob not in ``skip``."""
+    others = SearchSpace({k: v for k, v in space.ranges.items() if k not in skip}, space.fixed)
+    return others.suggest(trial)
+
+
+def as_space(kind: type[SearchSpace]) -> Callable[[SearchSpace], SearchSpace]:
+    return lambda space: kind(space.ranges, space.fixed, space.dropped)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way of running the study."""
+
+    sampler: str = "tpe"
+    """The product's ``--sampler``."""
+    factory: SamplerFactory | None = None
+    """A sampler the product does not offer (replaces ``sampler``)."""
+    space: Callable[[SearchSpace], SearchSpace] | None = None
+    """Another parametrisation of the default space."""
+    rule_trials: bool = True
+    """Run the rule-derived first trials after the defaults (``tune run``'s default)."""
+    description: str = ""
+
+
+METHODS: dict[str, Method] = {
+    "tuner": Method(description="tune run's default: TPE, rule-derived first trials"),
+    "tpe": Method(rule_trials=False, description="the default until issue 17: TPE alone"),
+    "random": Method("random", rule_trials=False, description="Optuna's random sampler"),
+    "gp": Method(factory=gp_sampler, rule_trials=False, description="Optuna's GPSampler"),
+    "tpe-ratio": Method(space=as_space(RatioSpace), rule_trials=False),
+    "tpe-offhigh": Method(space=as_space(ThresholdOffHighSpace), rule_trials=False),
+    "tuner-ratio": Method(space=as_space(RatioSpace), description="rule trials, ratio space"),
+}
+
+
+@contextlib.contextmanager
+def method_in_place(method: Method, clock: list[float]) -> Iterator[None]:
+    """Make ``run_study`` use the method's sampler, timed."""
+    make_sampler = prefill_tuner.study.make_sampler
+
+    def make(kind: str, seed: int, startup_trials: int = 8) -> optuna.samplers.BaseSampler:
+        if method.factory is not None:
+            return timed(method.factory(seed, startup_trials), clock)
+        return timed(make_sampler(kind, seed, startup_trials), clock)
+
+    with mock.patch.object(prefill_tuner.study, "make_sampler", make):
+        yield
+
+
 def study_runs(
     engine: CachedEngine,
     trace: Trace,
     shaping: ShapeOptions,
     slos: tuple[Slo, ...],
-    sampler: str,
+    method: Method,
     seed: int,
     budget: int,
     startup: int = 8,
-) -> list[EngineRun]:
-    """Run ``tune run``'s study; return the engine runs in trial order."""
+) -> tuple[list[EngineRun], float]:
+    """Run ``tune run``'s study; return the engine runs in trial order and the sampler's
+    seconds per trial."""
     space = build_space(engine.capabilities, fixed={"max_model_len": MAX_MODEL_LEN})
-    with tempfile.TemporaryDirectory() as tmp:
+    if method.space is not None:
+        space = method.space(space)
+    clock = [0.0]
+    with tempfile.TemporaryDirectory() as tmp, method_in_place(method, clock):
         storage = f"sqlite:///{tmp}/bench.db"
         plan = StudyPlan(
             name="bench",
@@ -195,12 +379,13 @@ def study_runs(
             model="m",
             trials=budget,
             seed=seed,
-            sampler=sampler,  # type: ignore[arg-type]
+            sampler=method.sampler,  # type: ignore[arg-type]
             startup_trials=startup,
+            rule_trials=method.rule_trials,
         )
         study = run_study(plan, engine, TunerStore(storage))
         trials = sorted(study.trials, key=lambda t: t.number)
-        return [engine.run(trace, t.user_attrs["settings"]) for t in trials]
+        return [engine.run(trace, t.user_attrs["settings"]) for t in trials], clock[0] / len(trials)
 
 
 def reached(curve: list[float], target: float) -> int | None:
@@ -214,16 +399,30 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="Also write the raw results here.")
     parser.add_argument("--cache", type=Path, help="Keep simulation results in this file.")
     parser.add_argument(
+        "--methods",
+        default="tuner,random",
+        help=f"Comma-separated, from: {', '.join(METHODS)} (the auto_tune grid always runs).",
+    )
+    parser.add_argument("--only", help="Only the settings whose name contains this text.")
+    parser.add_argument(
         "--tpe-startup",
         type=int,
         default=8,
         help="Random trials before TPE models (the tuner's default: 8).",
     )
     args = parser.parse_args()
+    methods = {name: METHODS[name] for name in args.methods.split(",")}
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     profile = load_profile("llama-3.1-8b-h100")
     results: dict[str, Any] = {}
     for trace_name, (path, shaping, slo_sets) in SETTINGS.items():
+        slo_sets = {
+            slo_name: texts
+            for slo_name, texts in slo_sets.items()
+            if not args.only or args.only in f"{trace_name} / {slo_name} ({', '.join(texts)})"
+        }
+        if not slo_sets:
+            continue
         trace = load_trace(str(path), options=shaping)
         engine = CachedEngine(profile, cache_file=args.cache)
         started = time.perf_counter()
@@ -235,13 +434,15 @@ def main() -> None:
         for slo_name, slo_texts in slo_sets.items():
             slos = parse_slos(slo_texts)
             optimum = quality_curve(grid_runs, slos)[-1]
-            curves: dict[str, list[list[float]]] = {"tuner": [], "random": []}
+            curves: dict[str, list[list[float]]] = {name: [] for name in methods}
+            seconds: dict[str, list[float]] = {name: [] for name in methods}
             for seed in range(args.seeds):
-                for method, sampler in (("tuner", "tpe"), ("random", "random")):
-                    runs = study_runs(
-                        engine, trace, shaping, slos, sampler, seed, args.budget, args.tpe_startup
+                for name, method in methods.items():
+                    runs, per_trial = study_runs(
+                        engine, trace, shaping, slos, method, seed, args.budget, args.tpe_startup
                     )
-                    curves[method].append(quality_curve(runs, slos))
+                    curves[name].append(quality_curve(runs, slos))
+                    seconds[name].append(per_trial)
             grid_curve = []
             for budget in range(1, args.budget + 1):
                 runs = [engine.run(trace, s) for s in auto_tune_grid(budget, defaults)]
@@ -261,6 +462,7 @@ def main() -> None:
             print(
                 f"  {'method':<16}{'trials to 98%':>15}  "
                 + "".join(f"{f'@{n}':>8}" for n in CHECKPOINTS if n <= args.budget)
+                + f"{'s/trial':>9}"
             )
             for method, method_curves in curves.items():
                 hits = [reached(curve, 0.98 * optimum) for curve in method_curves]
@@ -277,8 +479,33 @@ def main() -> None:
                     for n in CHECKPOINTS
                     if n <= args.budget
                 }
-                print(f"  {method:<16}{needed:>15}  " + "".join(f"{v:>8.1%}" for v in at.values()))
-                summary["methods"][method] = {"trials_to_98": hits, "median_quality": at}
+                per_trial = statistics.mean(seconds[method]) if method in seconds else None
+                print(
+                    f"  {method:<16}{needed:>15}  "
+                    + "".join(f"{v:>8.1%}" for v in at.values())
+                    + (f"{per_trial:>9.3f}" if per_trial is not None else "")
+                )
+                median_curve = [statistics.median(c) for c in zip(*method_curves, strict=True)]
+                summary["methods"][method] = {
+                    "trials_to_98": hits,
+                    "median_quality": at,
+                    "sampler_s_per_trial": per_trial,
+                    "median_curve": median_curve,
+                }
+            if "random" in curves:
+                random_curve = summary["methods"]["random"]["median_curve"]
+                for method, result in summary["methods"].items():
+                    behind = [
+                        n
+                        for n in range(10, args.budget + 1)
+                        if result["median_curve"][n - 1] < random_curve[n - 1] - 1e-12
+                    ]
+                    result["behind_random_at"] = behind
+                    if method != "random":
+                        print(
+                            f"  {method}: behind random (median) at budgets "
+                            f"{', '.join(map(str, behind)) or 'none'} of 10..{args.budget}"
+                        )
             results[key] = summary
         engine.save()
         print(f"  ({engine.runs} distinct simulations for {trace_name})")

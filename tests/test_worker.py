@@ -198,7 +198,7 @@ def test_a_stop_signal_fails_the_running_trial_and_queues_it_at_once(
     """Once or twice (the second lands during the clean-up, as systemd's second SIGTERM or a
     second Ctrl-C would): the trial is failed and queued again, nothing is left RUNNING."""
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
-    create_study(tune, storage, tiny_trace(tmp_path), 3)
+    create_study(tune, storage, tiny_trace(tmp_path), 3, rule_trials=False)  # 3 trials in all
     marker = tmp_path / "inside-a-trial"
     command = [sys.executable, str(HANGING_WORKER), str(marker), "2"]
     env = dict(os.environ)

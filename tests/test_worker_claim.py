@@ -26,9 +26,13 @@ from tests.worker_support import STUDY, create_study, tiny_trace
 VALUES = [0.5, 0.02]  # p99_ttft, p99_tpot
 
 
-def open_worker(tune: Callable, tmp_path: Path, trials: int, worker: str = "w1") -> SharedStudy:
+def open_worker(
+    tune: Callable, tmp_path: Path, trials: int, worker: str = "w1", *, rule_trials: bool = False
+) -> SharedStudy:
+    """A worker on a new study; without the rule-derived first trials unless asked, so the
+    queue holds only what a test puts there."""
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
-    create_study(tune, storage, tiny_trace(tmp_path), trials)
+    create_study(tune, storage, tiny_trace(tmp_path), trials, rule_trials=rule_trials)
     store = TunerStore(storage)
     record = store.get_study(STUDY)
     assert record is not None and record.target_trials == trials
@@ -141,3 +145,12 @@ def test_give_up_leaves_a_trial_already_failed_as_stale_alone(tune, tmp_path: Pa
     assert isinstance(retry, Claimed) and retry.retry_of == trial.number
     assert give_up(shared, trial) is None  # already failed and queued once: not twice
     assert states(shared).count(TrialState.WAITING) == 0
+
+
+def test_the_first_claim_queues_the_rule_trials_after_the_baseline(tune, tmp_path: Path) -> None:
+    shared = open_worker(tune, tmp_path, 6, rule_trials=True)
+    claim = claim_trial(shared)
+    assert isinstance(claim, Claimed) and claim.trial.user_attrs["baseline"]
+    waiting = shared.study.get_trials(states=(TrialState.WAITING,))
+    assert waiting and all(t.user_attrs.get("rule") for t in waiting)
+    assert len(waiting) <= 3

@@ -20,7 +20,9 @@ def tiny_trace(directory: Path) -> Path:
     return path
 
 
-def create_study(tune: Callable, storage: str, trace: Path, trials: int) -> None:
+def create_study(
+    tune: Callable, storage: str, trace: Path, trials: int, *, rule_trials: bool = True
+) -> None:
     code, out, err = tune(
         "run",
         "--trace",
@@ -33,6 +35,7 @@ def create_study(tune: Callable, storage: str, trace: Path, trials: int) -> None
         "--study",
         STUDY,
         "--create-only",
+        *([] if rule_trials else ["--no-rule-trials"]),
     )
     assert code == 0, err
     assert "recorded with a target" in err

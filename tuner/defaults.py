@@ -20,6 +20,9 @@ OBJECTIVE = "latency"
 SAMPLER = "tpe"
 STARTUP_TRIALS = 8
 """Trials TPE samples at random before it models the results (the baseline included)."""
+RULE_TRIALS = True
+"""Latency studies run a few rule-derived settings after the baseline (tuner/first_trials.py;
+benchmarks/RESULTS.md, issue 17)."""
 CAPACITY_TOLERANCE = 0.05
 """Relative precision of the capacity bisection."""
 MIN_GAIN = 0.05

@@ -63,6 +63,10 @@ class StudyPlan:
     sampler: Literal["tpe", "random"] = defaults.SAMPLER  # type: ignore[assignment]
     startup_trials: int = defaults.STARTUP_TRIALS
     """Trials TPE samples at random before it models the results (the baseline included)."""
+    rule_trials: bool = defaults.RULE_TRIALS
+    """Latency studies: run the rule-derived settings of :mod:`prefill_tuner.first_trials`
+    right after the baseline (on the study's first run; not in a screened study, whose
+    screening candidates come first)."""
     capacity_tolerance: float = defaults.CAPACITY_TOLERANCE
     """Relative precision of the capacity bisection: stop when hi / lo − 1 ≤ this."""
     early_abort: bool = True

@@ -26,6 +26,7 @@ import optuna
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.evaluation import capacity_search, objective_value, verdict_of
+from prefill_tuner.first_trials import rule_trials
 from prefill_tuner.objectives.scoring import Verdict
 from prefill_tuner.plan import StudyPlan
 from prefill_tuner.search_spaces.render import serve_command
@@ -258,13 +259,28 @@ def enqueue_baseline(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) 
     study.enqueue_trial(plan.space.params_for(baseline), user_attrs=attrs)
 
 
+def enqueue_rule_trials(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) -> None:
+    """Queue the rule-derived first trials (:mod:`prefill_tuner.first_trials`) after the
+    baseline, each marked with its rule; nothing when ``plan.rule_trials`` is off, or in a
+    screened study (the simulator's Pareto-optimal candidates run after the baseline there)."""
+    if not plan.rule_trials or plan.screen_trials:
+        return
+    defaults = engine.default_settings()
+    for trial in rule_trials(plan, defaults, engine.max_model_len(dict(plan.space.fixed))):
+        study.enqueue_trial(plan.space.params_for(trial.settings), user_attrs={"rule": trial.rule})
+
+
 def prepare_run(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) -> None:
     """Before a run starts trials: fail what a dead run left RUNNING, seed the sampler for
-    this run, and queue the baseline on a first run (or when it never finished)."""
+    this run, and queue the baseline on a first run (or when it never finished), and on a
+    first run the rule-derived trials after it."""
     recover_orphans(study)
     study.sampler = make_sampler(plan.sampler, plan.seed + len(study.trials), plan.startup_trials)
+    first_run = not study.trials
     if not any(t.user_attrs.get("baseline") and t.state in LIVE for t in study.trials):
         enqueue_baseline(study, plan, engine)
+    if first_run:
+        enqueue_rule_trials(study, plan, engine)
 
 
 def run_study(

@@ -93,6 +93,15 @@ def run_command(
     sampler: Annotated[
         str, typer.Option("--sampler", help="tpe (multivariate TPE) or random.")
     ] = defaults.SAMPLER,
+    rule_trials: Annotated[
+        bool,
+        typer.Option(
+            "--rule-trials/--no-rule-trials",
+            help="Latency studies: after the defaults, run a few settings derived from the "
+            "trace's decode batch at the TPOT limit (a small token budget, the same with a "
+            "per-prompt prefill cap, one with room for prefills) before the sampler's.",
+        ),
+    ] = defaults.RULE_TRIALS,
     error_budget: ErrorBudgetOpt = 0.0,
     capacity_tolerance: Annotated[
         float,
@@ -148,6 +157,7 @@ def run_command(
         capacity_tolerance=capacity_tolerance,
         early_abort=early_abort,
         screen_trials=screen,
+        rule_trials=rule_trials,
     )
     report_path = None if no_report or create_only else report or defaults.report_path(plan.name)
     if report_path is not None:

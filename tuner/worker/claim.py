@@ -36,7 +36,7 @@ from prefill_tuner.screening import (
     next_candidate,
     screen,
 )
-from prefill_tuner.study import enqueue_baseline, make_sampler
+from prefill_tuner.study import enqueue_baseline, enqueue_rule_trials, make_sampler
 from prefill_tuner.worker.shared import SharedStudy, quiet_optuna_warnings, trial_id
 
 WORKER_ATTR = "worker"
@@ -83,6 +83,7 @@ def claim_trial(shared: SharedStudy, say: Callable[[str], None] = lambda text: N
         trials = study.get_trials(deepcopy=False)
         if not trials:
             enqueue_baseline(study, plan, shared.engine)
+            enqueue_rule_trials(study, plan, shared.engine)
             trials = study.get_trials(deepcopy=False)
         complete = sum(t.state == TrialState.COMPLETE for t in trials)
         running = sum(t.state == TrialState.RUNNING for t in trials)

@@ -1,0 +1,100 @@
+"""Rule-derived first trials (issue 17): what the rules propose, when they stay silent, and
+that a study runs them right after the baseline, once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from prefill_tuner import defaults
+from prefill_tuner.engines.sim import load_profile
+from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.first_trials import decode_batch, rule_trials
+from prefill_tuner.plan import SpaceSpec, TraceSpec, build_plan
+from prefill_tuner.trace import ShapeOptions
+from prefill_tuner.trace.stats import trace_stats
+from tests.conftest import AZURE
+from tests.test_tuning_loop import run_args
+
+ENGINE = SimEngine(load_profile(defaults.PROFILE))
+TRACE = TraceSpec(AZURE, shaping=ShapeOptions(max_requests=150))
+DEFAULT_SPACE = SpaceSpec()
+
+
+def plan_for(slos=("p99_tpot=11ms", "p99_ttft=1s"), space=DEFAULT_SPACE, **options):
+    return build_plan(ENGINE, TRACE, space, slos=list(slos), **options)
+
+
+def rules(plan):
+    return rule_trials(plan, ENGINE.default_settings(), ENGINE.max_model_len(plan.space.fixed))
+
+
+def test_the_rules_follow_the_decode_batch_at_the_tpot_limit() -> None:
+    plan = plan_for()
+    batch = decode_batch(plan)
+    assert batch == trace_stats(plan.trace).output_tokens_per_s * 0.011
+    small, capped, roomy = (trial.settings for trial in rules(plan))
+    budget = small["max_num_batched_tokens"]
+    assert budget >= batch + 128 and budget & (budget - 1) == 0  # a power of two just above
+    assert budget < 2 * (batch + 128) or budget == 256  # (the range's lowest)
+    assert small["long_prefill_token_threshold"] == 0 and small["enable_chunked_prefill"]
+    assert capped["max_num_batched_tokens"] == budget
+    cap = capped["long_prefill_token_threshold"]
+    assert cap <= budget - batch < 2 * cap  # the largest power of two the decodes leave
+    assert roomy["max_num_batched_tokens"] >= batch + 2048
+    for settings in (small, capped, roomy):
+        assert settings["max_num_seqs"] >= 4 * batch
+        assert settings["max_num_seqs"] <= settings["max_num_batched_tokens"]
+        assert set(settings) == set(plan.space.ranges)
+
+
+def test_a_tighter_tpot_limit_means_a_smaller_batch_and_the_ranges_clip() -> None:
+    loose = decode_batch(plan_for(("p99_tpot=200ms",)))
+    tight = decode_batch(plan_for(("p99_tpot=10ms",)))
+    assert loose is not None and tight is not None and loose > tight
+    narrow = plan_for(space=SpaceSpec(ranges=("max_num_batched_tokens=1024..2048",)))
+    budgets = [trial.settings["max_num_batched_tokens"] for trial in rules(narrow)]
+    assert budgets and all(1024 <= budget <= 2048 for budget in budgets)
+
+
+def test_no_rules_without_a_tpot_slo_a_searched_budget_or_in_capacity_mode() -> None:
+    assert rules(plan_for(("p99_ttft=1s",))) == []
+    assert rules(plan_for(space=SpaceSpec(fixed=("max_num_batched_tokens=2048",)))) == []
+    assert rules(plan_for(("p99_tpot=20ms",), objective_mode="capacity")) == []
+
+
+def test_rules_repeating_the_defaults_or_each_other_are_left_out() -> None:
+    # With chunked prefill off, every budget is raised to max_model_len: one trial is left,
+    # and it is not the defaults (whose chunked prefill is on).
+    plan = plan_for(space=SpaceSpec(fixed=("enable_chunked_prefill=false",)))
+    kept = rules(plan)
+    assert len(kept) < 3
+    settings = [trial.settings for trial in kept]
+    assert len({tuple(sorted(s.items())) for s in settings}) == len(settings)
+
+
+def test_a_study_runs_the_rules_after_the_baseline_once(tune, tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    code, _, err = tune(*run_args(storage, 5, slos=("p99_tpot=11ms", "p99_ttft=1s")))
+    assert code == 0, err
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    assert trials[0].user_attrs.get("baseline")
+    assert [bool(t.user_attrs.get("rule")) for t in trials] == [False, True, True, True, False]
+    plan = plan_for()  # the same trace, clipped to the same 150 requests
+    expected = [trial.settings for trial in rules(plan)]
+    ran = [t.user_attrs["settings"] for t in trials[1:4]]
+    assert [{k: r[k] for k in e} for e, r in zip(expected, ran, strict=True)] == expected
+    # A resumed study does not queue them again.
+    code, _, err = tune(*run_args(storage, 7, slos=("p99_tpot=11ms", "p99_ttft=1s")))
+    assert code == 0, err
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    assert sum(bool(t.user_attrs.get("rule")) for t in trials) == 3
+
+
+def test_no_rule_trials_option(tune, tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    code, _, err = tune(*run_args(storage, 3, "--no-rule-trials"))
+    assert code == 0, err
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    assert not any(t.user_attrs.get("rule") for t in trials)

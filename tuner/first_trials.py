@@ -1,0 +1,113 @@
+"""Rule-derived first trials: after the engine's defaults, a latency study runs a few settings
+that simple rules derive from the trace and the TPOT SLO, before the sampler takes over.
+
+The rules (issue 17, measured in ``benchmarks/search_efficiency.py``): by Little's law, the
+decode batch the trace keeps running at the TPOT limit is its output tokens per second × the
+limit's seconds per token. Then
+
+1. a token budget just above that batch (the smallest power of two ≥ batch + 128): each step
+   stays small, so TPOT is low, while prompts are still prefilled in chunks;
+2. the same budget with each prompt's share of a step capped
+   (``long_prefill_token_threshold``: the largest power of two ≤ budget − batch), so the
+   decodes keep their room when several prompts arrive together;
+3. a budget with room for prefills (the smallest power of two ≥ batch + 2,048): low TTFT.
+
+All three run chunked prefill and let up to 4 × the batch run at once. The sampler then models
+them with the rest; TPE's random start-up trials follow as before. The settings are clipped to
+the searched ranges; a rule whose knobs are not searched, or which repeats an earlier trial, is
+left out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from prefill_tuner.plan import StudyPlan
+from prefill_tuner.search_spaces.space import KnobRange, effective_settings
+from prefill_tuner.trace.stats import trace_stats
+
+TOKENS, SEQS = "max_num_batched_tokens", "max_num_seqs"
+THRESHOLD, CHUNKED = "long_prefill_token_threshold", "enable_chunked_prefill"
+SMALL_STEP_ROOM = 128
+"""Tokens above the decode batch in the small budget (rule 1)."""
+PREFILL_ROOM = 2048
+"""Tokens above the decode batch in the prefill budget (rule 3)."""
+RUNNING_FACTOR = 4
+"""Requests allowed to run at once, as a multiple of the decode batch."""
+
+
+@dataclass(frozen=True)
+class RuleTrial:
+    """One rule-derived trial."""
+
+    rule: str
+    """Which rule, in words (stored as the trial's ``rule`` user attribute)."""
+    settings: dict[str, Any]
+    """Every searched knob's setting (the engine's defaults for those the rule leaves)."""
+
+
+def decode_batch(plan: StudyPlan) -> float | None:
+    """Requests decoding at once at the tightest TPOT limit (Little's law); ``None`` without a
+    TPOT SLO or without requests."""
+    limits = [slo.limit_s for slo in plan.slos if slo.name.endswith("_tpot")]
+    if not limits or not plan.trace.requests:
+        return None
+    return max(1.0, trace_stats(plan.trace).output_tokens_per_s * min(limits))
+
+
+def rule_trials(plan: StudyPlan, defaults: dict[str, Any], max_model_len: int) -> list[RuleTrial]:
+    """The rule-derived settings for this plan (empty for a capacity study, without a TPOT SLO,
+    or when ``max_num_batched_tokens`` is not searched). ``defaults``: the engine's defaults,
+    for the knobs the rules leave; trials repeating the defaults or each other are left out."""
+    ranges = plan.space.ranges
+    batch = decode_batch(plan)
+    if plan.objective_mode != "latency" or batch is None or TOKENS not in ranges:
+        return []
+
+    def settings(budget: int, threshold: int = 0) -> dict[str, Any]:
+        chosen = {name: defaults[name] for name in ranges if name in defaults}
+        chosen[TOKENS] = budget
+        if SEQS in ranges:
+            chosen[SEQS] = min(_pow2_at_least(RUNNING_FACTOR * batch, ranges[SEQS]), budget)
+        if CHUNKED in ranges:
+            chosen[CHUNKED] = True
+        if THRESHOLD in ranges:
+            chosen[THRESHOLD] = threshold
+        return chosen
+
+    small = _pow2_at_least(batch + SMALL_STEP_ROOM, ranges[TOKENS])
+    cap = 2 ** math.floor(math.log2(max(small - batch, 1.0)))
+    candidates = [
+        RuleTrial("a token budget just above the decode batch", settings(small)),
+        RuleTrial(
+            "that budget, each prompt's share capped to what the decodes leave",
+            settings(small, cap),
+        ),
+        RuleTrial(
+            "room for prefills above the decode batch",
+            settings(_pow2_at_least(batch + PREFILL_ROOM, ranges[TOKENS])),
+        ),
+    ]
+    if not all(name in candidate.settings for candidate in candidates for name in ranges):
+        return []  # an engine without a default for some searched knob
+    seen = [_effective(plan, defaults, max_model_len)]
+    result = []
+    for candidate in candidates:
+        effective = _effective(plan, candidate.settings, max_model_len)
+        if effective not in seen:
+            seen.append(effective)
+            result.append(candidate)
+    return result
+
+
+def _effective(plan: StudyPlan, settings: dict[str, Any], max_model_len: int) -> dict[str, Any]:
+    """The settings a trial enqueued with these settings would run."""
+    sampled = plan.space.settings_from_params(plan.space.params_for(settings))
+    return effective_settings(sampled, plan.space.fixed, max_model_len)[0]
+
+
+def _pow2_at_least(value: float, knob: KnobRange) -> int:
+    """The smallest power of two ≥ value, within the knob's range."""
+    return min(max(2 ** math.ceil(math.log2(max(value, 1.0))), knob.low), knob.high)
