@@ -266,6 +266,11 @@ def _why_infeasible(
             err.print(escape(f"  {floor.line()}"), soft_wrap=True)
     closest = next((t for t in summary.closest if t.status != "failed"), None)
     if closest is not None:
+        err.print(
+            f"searching the highest request rate trial {closest.trial_number}'s settings meet "
+            "the SLOs at (a few simulated runs of the trace)...",
+            soft_wrap=True,
+        )
         headroom = rate_headroom(
             engine,
             plan.trace,
