@@ -26,6 +26,7 @@ import numpy as np
 from prefill_tuner import defaults
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.cost_model import StepModel, StepShape
+from prefill_tuner.engines.sim.request import PrefixInterner
 from prefill_tuner.evaluation import capacity_search
 from prefill_tuner.objectives.slo import Slo, format_seconds
 from prefill_tuner.trace.model import Trace
@@ -77,15 +78,16 @@ def _prefill_device_s(profile: StepModel, tokens: int, pairs: int) -> float:
 
 def uncached_tokens(trace: Trace) -> list[int]:
     """Per request, the prompt tokens no earlier request's prompt could have cached."""
-    seen: set[tuple[int, ...]] = set()
+    interner = PrefixInterner()  # one id per distinct prefix
+    seen: set[int] = set()
     tokens = []
     for request in trace.requests:
-        blocks, size = request.prefix_blocks, request.prefix_block_size or 1
+        size = request.prefix_block_size or 1
+        chain = interner.chain(request.prefix_blocks, size)
         shared = 0
-        while shared < len(blocks) and blocks[: shared + 1] in seen:
+        while shared < len(chain) and chain[shared] in seen:
             shared += 1
-        for count in range(1, len(blocks) + 1):
-            seen.add(blocks[:count])
+        seen.update(chain)
         # vLLM computes the last prompt token even on a full hit.
         tokens.append(max(request.prompt_tokens - shared * size, 1))
     return tokens
