@@ -134,11 +134,6 @@ class SimRequest:
         shared_ids = interner.shared_prefix(self.chain)
         self.shareable_tokens = min(self.shared_tokens, shared_ids * self.trace_block_size)
 
-    def add_outputs(self, count: int) -> None:
-        """Record ``count`` more generated tokens."""
-        self.num_output += count
-        self.num_tokens += count
-
     def block_keys(self, start: int, end: int, block_size: int) -> list[int]:
         """Prefix-cache identities of the request's KV blocks ``start`` to ``end - 1``.
 

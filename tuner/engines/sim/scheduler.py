@@ -333,7 +333,7 @@ class Scheduler:
         if not self.config.async_scheduling:
             for (request, _), sample in zip(plan.scheduled, plan.samples, strict=True):
                 if sample:
-                    request.num_output += 1  # request.add_outputs(1), inlined: a hot loop
+                    request.num_output += 1  # (num_tokens counts the output too)
                     request.num_tokens += 1
                     request.token_times.append(end_s)
                     if (
