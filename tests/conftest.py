@@ -102,6 +102,9 @@ def requests_strategy(draw: st.DrawFn, max_size: int = 30) -> tuple[Request, ...
                 output_tokens=draw(st.integers(min_value=1, max_value=5_000)),
                 prefix_blocks=tuple(blocks),
                 prefix_block_size=block_size if blocks else None,
+                traffic_class=draw(
+                    st.none() | st.from_regex(r"[A-Za-z0-9_-]{1,32}", fullmatch=True)
+                ),
             )
         )
     return tuple(requests)

@@ -34,12 +34,14 @@ def test_native_roundtrip_preserves_requests(requests: tuple[Request, ...]) -> N
                 after.output_tokens,
                 after.prefix_blocks,
                 after.prefix_block_size,
+                after.traffic_class,
             ) == (
                 before.id,
                 before.prompt_tokens,
                 before.output_tokens,
                 before.prefix_blocks,
                 before.prefix_block_size,
+                before.traffic_class,
             )
         # Once written, the bytes are a fixed point.
         assert list(native_lines(back)) == list(native_lines(roundtrip(back, Path(tmp))))

@@ -378,6 +378,10 @@ def render_stats(trace: Trace, stats: TraceStats) -> Table:
         f"{_si(stats.prompt_tokens_per_s)} prompt tok/s, {_si(stats.output_tokens_per_s)} "
         "output tok/s",
     )
+    if stats.classes:
+        unclassed = stats.requests - sum(stats.classes.values())
+        counts = [f"{name} {count:,}" for name, count in stats.classes.items()]
+        table.add_row("classes", ", ".join(counts + ([f"none {unclassed:,}"] if unclassed else [])))
     if stats.prefix_reuse is None:
         table.add_row("prefix reuse", "no prefix-block ids in this trace")
     else:

@@ -325,6 +325,20 @@ _TRACE_READING = (
         ],
         0,
     ),
+    _param(
+        "classes",
+        Annotated[
+            str | None,
+            _option(
+                "--classes",
+                "Traffic classes by prompt tokens (both ends inclusive), e.g. "
+                "interactive=..1024,longdoc=8192.. (overrides the trace's 'class' field); SLOs "
+                "may then name one: --slo p99_ttft[interactive]=500ms.",
+                TRACE_PANEL,
+            ),
+        ],
+        None,
+    ),
 )
 _TRACE_LENGTH = (
     _param(
@@ -362,6 +376,7 @@ def _trace_input(
     max_requests: int | None,
     dequantize: str | None,
     jitter_seed: int,
+    classes: str | None = None,
     max_model_len: int | None = None,
     over_length: str = "clip",
 ) -> TraceChoice:
@@ -377,6 +392,7 @@ def _trace_input(
             max_requests=max_requests,
             dequantize=dequantize,
             jitter_seed=jitter_seed,
+            classes=classes,
         ),
     )
 
@@ -539,6 +555,7 @@ def shape_options(
     max_requests: int | None = None,
     dequantize: str | None = None,
     jitter_seed: int = 0,
+    classes: str | None = None,
 ) -> ShapeOptions:
     """:class:`ShapeOptions` from CLI values, as a one-line error naming the flag."""
     quantum: float | str | None = dequantize
@@ -559,6 +576,7 @@ def shape_options(
             max_requests=max_requests,
             dequantize_s=quantum,  # type: ignore[arg-type]
             jitter_seed=jitter_seed,
+            classes=classes,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -581,5 +599,6 @@ _FLAGS = {
     "max_requests": "--max-requests",
     "dequantize_s": "--dequantize",
     "jitter_seed": "--jitter-seed",
+    "classes": "--classes",
 }
 """The CLI flag of each :class:`ShapeOptions` field, for error messages."""

@@ -24,6 +24,9 @@ class Request:
     """Ids of the prompt's prefix blocks: equal leading ids mean a shareable prefix (KV reuse)."""
     prefix_block_size: int | None = None
     """Tokens per prefix block (512 for Mooncake); ``None`` when there are no prefix blocks."""
+    traffic_class: str | None = None
+    """The request's traffic class (the native ``class`` field, or ``--classes`` bands), which
+    SLOs may name (``p99_ttft[interactive]``); ``None``: judged only by class-less SLOs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +34,8 @@ class Adjustment:
     """A counted change made while reading or shaping: nothing is ever dropped silently."""
 
     action: str
-    """What happened to the requests: ``dropped``, ``clipped``, ``reordered`` or ``jittered``."""
+    """What happened to the requests: ``dropped``, ``clipped``, ``reordered``, ``jittered`` or
+    ``unclassed`` (in no band of ``--classes``)."""
     reason: str
     """Why, in words an operator understands."""
     count: int

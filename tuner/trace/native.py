@@ -1,10 +1,11 @@
-"""Writing the native trace format: Mooncake-style JSONL with our two optional fields.
+"""Writing the native trace format: Mooncake-style JSONL with our optional fields.
 
 ``{"id": "17", "timestamp": 1234.5, "input_length": 900, "output_length": 64,
 "hash_ids": [0, 1], "block_size": 512}``: ``timestamp`` in milliseconds from trace start,
 rounded to the microsecond. ``hash_ids`` and ``block_size`` only when the request has
 prefix blocks; ``block_size`` only when it is not Mooncake's 512. Readers that know only the
 Mooncake fields (``vllm bench serve --dataset-name timed_trace``, GuideLLM) ignore the rest.
+``class`` (the request's traffic class) only when it has one.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def native_lines(requests: Iterable[Request]) -> Iterator[str]:
             record["hash_ids"] = list(request.prefix_blocks)
             if request.prefix_block_size not in (None, MOONCAKE_BLOCK_SIZE):
                 record["block_size"] = request.prefix_block_size
+        if request.traffic_class is not None:
+            record["class"] = request.traffic_class
         yield json.dumps(record, separators=(", ", ": ")) + "\n"
 
 

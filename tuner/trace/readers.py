@@ -9,7 +9,8 @@ Formats:
 ``jsonl`` (aliases ``mooncake``, ``native``)
     One JSON object a line: ``timestamp`` (ms from trace start), ``input_length``,
     ``output_length``, optional ``hash_ids`` (prefix-block ids). Our native format adds optional
-    ``id`` and ``block_size`` (tokens per prefix block, default 512 as in Mooncake). This is what
+    ``id``, ``block_size`` (tokens per prefix block, default 512 as in Mooncake) and ``class``
+    (the request's traffic class, :mod:`prefill_tuner.trace.classes`). This is what
     ``vllm bench serve --dataset-name timed_trace`` and GuideLLM's replay read.
 ``azure``
     Azure LLM inference CSV: ``TIMESTAMP,ContextTokens,GeneratedTokens``; absolute wall-clock
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from prefill_tuner.errors import TraceError
+from prefill_tuner.trace.classes import CLASS_NAME_RULE, is_class_name
 from prefill_tuner.trace.model import Adjustment, Request, Trace, TraceSource
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -70,6 +72,7 @@ class _Row:
     output: int
     blocks: tuple[int, ...] = ()
     block_size: int | None = None
+    traffic_class: str | None = None
 
 
 def read_trace(path: str | Path, format: str | None = None, *, sort: bool = False) -> Trace:
@@ -200,10 +203,11 @@ def _read_jsonl(text: str, path: Path) -> tuple[list[_Row], list[Adjustment]]:
                     **where,
                 )
         ident = _json_id(obj, index, where)
+        traffic_class = _json_class(obj, where)
         if prompt == 0 or output == 0:
             empty += 1
             continue
-        rows.append(_Row(line, ident, clock, prompt, output, blocks, block_size))
+        rows.append(_Row(line, ident, clock, prompt, output, blocks, block_size, traffic_class))
     return rows, [Adjustment("dropped", "0 input or output tokens: nothing to replay", empty)]
 
 
@@ -255,6 +259,19 @@ def _json_id(obj: dict[str, Any], index: int, where: dict[str, Any]) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
         raise TraceError(
             f"expected a non-empty string or integer, got {value!r:.40}", field="id", **where
+        )
+    return str(value)
+
+
+def _json_class(obj: dict[str, Any], where: dict[str, Any]) -> str | None:
+    value = obj.get("class")
+    if value is None:
+        return None
+    if not is_class_name(value):
+        raise TraceError(
+            f"expected a class name of {CLASS_NAME_RULE}, got {value!r:.40}",
+            field="class",
+            **where,
         )
     return str(value)
 
@@ -458,6 +475,7 @@ def _to_requests(
             output_tokens=row.output,
             prefix_blocks=row.blocks,
             prefix_block_size=row.block_size,
+            traffic_class=row.traffic_class,
         )
         for row in rows
     )

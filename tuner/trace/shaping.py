@@ -12,9 +12,10 @@ from dataclasses import replace
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from prefill_tuner.errors import TraceError
+from prefill_tuner.trace.classes import assign_classes, canonical_classes, parse_classes
 from prefill_tuner.trace.model import Adjustment, Request, Trace
 
 
@@ -22,6 +23,11 @@ class ShapeOptions(BaseModel):
     """How to shape a trace. Applied in the order of the fields below."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    classes: str | None = None
+    """Traffic classes by prompt-length bands, ``interactive=..1024,longdoc=8192..`` (prompt
+    tokens as the file gives them, both ends inclusive), replacing the file's own classes; a
+    request in no band gets none. Stored in one canonical spelling. ``None``: the file's."""
 
     dequantize_s: float | Literal["auto"] | None = None
     """Spread coarse timestamps: add uniform jitter in [0, q) seconds to every arrival (the
@@ -43,6 +49,11 @@ class ShapeOptions(BaseModel):
     max_requests: int | None = Field(default=None, ge=1)
     """Keep at most this many requests (the earliest)."""
 
+    @field_validator("classes")
+    @classmethod
+    def _canonical_classes(cls, value: str | None) -> str | None:
+        return None if value is None else canonical_classes(value)
+
     @model_validator(mode="after")
     def _check_quantum(self) -> ShapeOptions:
         if isinstance(self.dequantize_s, float) and not (
@@ -54,6 +65,8 @@ class ShapeOptions(BaseModel):
 
 def shape(trace: Trace, options: ShapeOptions) -> Trace:
     """Apply ``options`` to ``trace``; raises :class:`TraceError` if nothing is left."""
+    if options.classes is not None:
+        trace = assign_classes(trace, parse_classes(options.classes))
     if options.dequantize_s is not None:
         trace = dequantize(trace, options.dequantize_s, seed=options.jitter_seed)
     if options.start_s > 0 or options.duration_s is not None:

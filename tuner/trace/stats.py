@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from prefill_tuner.objectives.percentiles import summarize
+from prefill_tuner.trace.classes import class_counts
 from prefill_tuner.trace.model import Trace
 
 TOKEN_PERCENTILES = (50.0, 90.0, 99.0)
@@ -39,6 +40,8 @@ class TraceStats:
     prefix_reuse: float | None
     """Share of prefix blocks already seen in an earlier request: an upper bound on the
     prefix-cache hit rate with an unbounded cache. ``None`` when the trace has no prefix ids."""
+    classes: dict[str, int] = field(default_factory=dict)
+    """Requests per traffic class (empty when no request has a class)."""
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -79,4 +82,5 @@ def trace_stats(trace: Trace) -> TraceStats:
         output_tokens_per_s=float(outputs.sum()) / per_second,
         prefix_blocks=total_blocks,
         prefix_reuse=reused / total_blocks if total_blocks else None,
+        classes=class_counts(trace),
     )
