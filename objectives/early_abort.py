@@ -11,6 +11,9 @@ a lower bound of its final value over every possible future. Once that bound is 
 limit (or more requests failed than the budget allows), the run is infeasible: no outcome of
 the rest of the replay can make it pass, and the rest can be skipped.
 
+An SLO of one traffic class (``p99_ttft[interactive]``) is bounded over that class's requests
+alone: the same argument holds for any subset of the requests.
+
 ITL is not used: its lower bounds would need every token gap on every check, and a run that
 misses an ITL SLO is nearly always caught by TPOT or TTFT as well.
 """
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefill_tuner.objectives.slo import Slo, format_seconds
+from prefill_tuner.objectives.slo import Slo, format_seconds, split_name
 
 BOUNDED_METRICS = ("ttft", "tpot", "e2el")
 """Metrics with a per-request lower bound during the replay."""
@@ -48,6 +51,25 @@ class Snapshot:
     """Output tokens asked for."""
     failed: np.ndarray
     """True where the request has already failed (an error, a truncated stream)."""
+    traffic_class: np.ndarray | None = None
+    """Each request's traffic class (an object array, ``None`` where it has none); ``None``
+    when the replay has no classes."""
+
+    def of_class(self, name: str) -> Snapshot:
+        """The requests of one traffic class alone (none when the replay has no classes)."""
+        if self.traffic_class is None:
+            mine = np.zeros(len(self.expected), dtype=bool)
+        else:
+            mine = self.traffic_class == name
+        return Snapshot(
+            now_s=self.now_s,
+            sent_s=self.sent_s[mine],
+            first_token_s=self.first_token_s[mine],
+            last_token_s=self.last_token_s[mine],
+            tokens=self.tokens[mine],
+            expected=self.expected[mine],
+            failed=self.failed[mine],
+        )
 
 
 @dataclass(frozen=True)
@@ -57,7 +79,8 @@ class Certainty:
     reason: str
     """One line, e.g. ``p99_ttft ≥ 2.31s > 2s``."""
     lower_bounds: dict[str, float]
-    """Statistic name (``p99_ttft``) → a lower bound of its final value, in seconds."""
+    """Statistic name (``p99_ttft``, ``p99_ttft[interactive]``) → a lower bound of its final
+    value, in seconds."""
 
 
 @dataclass(frozen=True)
@@ -94,12 +117,17 @@ class EarlyAbortRule:
     def lower_bounds(self, snapshot: Snapshot, droppable: int) -> dict[str, float]:
         """Lower bounds of the SLO'd and reported statistics (NaN where none can be given)."""
         names = [slo.name for slo in self.slos] + list(self.reported)
-        per_metric = _request_lower_bounds(snapshot)
+        per_class: dict[str | None, dict[str, np.ndarray]] = {}
         bounds: dict[str, float] = {}
         for name in dict.fromkeys(names):
-            statistic, _, metric = name.partition("_")
-            if metric in per_metric:
-                bounds[name] = _statistic_lower_bound(per_metric[metric], statistic, droppable)
+            statistic, metric, traffic_class = split_name(name)
+            if metric not in BOUNDED_METRICS:
+                continue
+            if traffic_class not in per_class:
+                own = snapshot if traffic_class is None else snapshot.of_class(traffic_class)
+                per_class[traffic_class] = _request_lower_bounds(own)
+            values = per_class[traffic_class][metric]
+            bounds[name] = _statistic_lower_bound(values, statistic, droppable)
         return bounds
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -39,6 +39,9 @@ class RequestRecord:
     error: str | None = None
     """Why the request failed (rejected, timed out, server error), if it did."""
     preemptions: int = 0
+    """Times the engine preempted it (the simulator; 0 where unknown)."""
+    traffic_class: str | None = None
+    """The request's traffic class (from the trace), so SLOs can judge each class apart."""
 
     @property
     def completed(self) -> bool:
@@ -68,13 +71,29 @@ class RunMetrics:
     """Completed one-token requests, left out of TPOT (it is undefined for them)."""
     preemptions: int = 0
     failure_reasons: dict[str, int] = field(default_factory=dict)
+    by_class: dict[str, RunMetrics] = field(default_factory=dict)
+    """The same summary over each traffic class's requests alone (empty when no request has a
+    class; the summaries of classes have none of their own)."""
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
 def summarize_run(records: Sequence[RequestRecord]) -> RunMetrics:
-    """Aggregate request records into :class:`RunMetrics`."""
+    """Aggregate request records into :class:`RunMetrics`, over all requests and over each
+    traffic class's."""
+    overall = _summarize(records)
+    classes: dict[str, list[RequestRecord]] = {}
+    for record in records:
+        if record.traffic_class is not None:
+            classes.setdefault(record.traffic_class, []).append(record)
+    if not classes:
+        return overall
+    return replace(overall, by_class={name: _summarize(own) for name, own in classes.items()})
+
+
+def _summarize(records: Sequence[RequestRecord]) -> RunMetrics:
+    """One summary of ``records``."""
     done = [r for r in records if r.completed]
     # All requests at once (a long simulated trace has millions of tokens): the same float
     # operations, in the same order, as request by request.

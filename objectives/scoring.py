@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from prefill_tuner.objectives.metrics import RunMetrics
-from prefill_tuner.objectives.slo import Slo
+from prefill_tuner.objectives.slo import Slo, statistic_value
 
 ERRORS = "errors"
 """Name of the failed-requests constraint."""
@@ -40,9 +40,9 @@ def latency_objectives(slos: Sequence[Slo]) -> tuple[Objective, ...]:
 
 
 def statistic(metrics: RunMetrics, name: str) -> float:
-    """``p99_ttft`` → the run's p99 TTFT in seconds."""
-    stat, _, metric = name.partition("_")
-    return getattr(metrics, f"{metric}_s")[stat]
+    """``p99_ttft`` → the run's p99 TTFT in seconds; ``p99_ttft[interactive]`` → that of the
+    class's requests (NaN when the class has no completed request)."""
+    return statistic_value(metrics, name)
 
 
 @dataclass(frozen=True)

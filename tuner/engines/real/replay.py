@@ -61,6 +61,10 @@ class ReplayState:
         self.last_token_s = np.full(count, np.nan)
         self.tokens = np.zeros(count, dtype=np.int64)
         self.expected = np.array([r.output_tokens for r in trace.requests], dtype=np.int64)
+        classes = [r.traffic_class for r in trace.requests]
+        self.traffic_class = (
+            np.array(classes, dtype=object) if any(c is not None for c in classes) else None
+        )
         self.failed = np.zeros(count, dtype=bool)
         self.finished = np.zeros(count, dtype=bool)
         self.token_times: list[list[float]] = [[] for _ in range(count)]
@@ -100,6 +104,7 @@ class ReplayState:
             tokens=self.tokens.copy(),
             expected=self.expected,
             failed=self.failed.copy(),
+            traffic_class=self.traffic_class,
         )
 
     def record_tokens(self, index: int, count: int) -> None:
@@ -174,6 +179,7 @@ async def replay(
                         sent_s=sent - started,
                         token_times_s=list(state.token_times[index]),
                         expected_tokens=request.output_tokens,
+                        traffic_class=request.traffic_class,
                         error=f"bad response: {type(exc).__name__}: {exc}"[:300],
                     )
                 state.record_end(index, failed=not record.completed)
@@ -205,6 +211,7 @@ async def replay(
                         sent_s=float(sent) if not np.isnan(sent) else request.arrival_s,
                         token_times_s=list(state.token_times[index]),
                         expected_tokens=request.output_tokens,
+                        traffic_class=request.traffic_class,
                         error=unfinished,
                     )
                 )
@@ -257,6 +264,7 @@ async def _send(
         sent_s=float(state.sent_s[index]),
         token_times_s=list(times),
         expected_tokens=request.output_tokens,
+        traffic_class=request.traffic_class,
         error=error,
     )
 

@@ -84,6 +84,7 @@ class SimRequest:
         "status",
         "token_times",
         "trace_block_size",
+        "traffic_class",
     )
 
     def __init__(self, index: int, request: Request, interner: PrefixInterner) -> None:
@@ -92,6 +93,8 @@ class SimRequest:
         self.arrival_s = request.arrival_s
         self.prompt = request.prompt_tokens
         self.max_tokens = request.output_tokens
+        self.traffic_class = request.traffic_class
+        """The trace's class of the request, passed on to its record (never scheduled on)."""
         self.num_computed = 0
         self.num_output = 0
         self.num_tokens = self.prompt
