@@ -6,7 +6,8 @@ Two answers, both from the simulator's step-time profile:
   sooner than its prompt's uncached tokens prefilled in one step of an otherwise idle engine
   (chunking only adds steps; a prefix is cached at best once an earlier request computed it),
   plus the front end's latency; a token after the first, sooner than a decode step of that one
-  request alone. Percentiles of these per-request floors are compared with the SLOs: an SLO
+  request alone. Percentiles of these per-request floors (over one class's requests for an
+  SLO that names a traffic class) are compared with the SLOs: an SLO
   whose floor is over its limit cannot be met by any scheduler setting, at any load. (Queueing
   is left to the next answer: an ideal server prefilling in arrival order is *not* a bound for
   vLLM, which interleaves a short prompt with a long one; measured on a bursty trace, its
@@ -94,7 +95,8 @@ def uncached_tokens(trace: Trace) -> list[int]:
 
 
 def latency_floor(trace: Trace, profile: StepModel, slos: tuple[Slo, ...]) -> list[Floor]:
-    """Each TTFT and TPOT/ITL SLO's value on an ideal server (see the module's docs)."""
+    """Each TTFT and TPOT/ITL SLO's value on an ideal server (see the module's docs); a class's
+    TTFT floor over that class's requests (whose cached prefixes still come from all)."""
     if not trace.requests:
         return []
     tokens = uncached_tokens(trace)
@@ -104,10 +106,13 @@ def latency_floor(trace: Trace, profile: StepModel, slos: tuple[Slo, ...]) -> li
     decode = profile.step_seconds(
         StepShape(decode_tokens=1, requests=1, decode_context_tokens=1)
     ) - profile.host_seconds(1)
+    classes = np.array([r.traffic_class for r in trace.requests], dtype=object)
     floors = []
     for slo in slos:
         if slo.metric == "ttft":
-            floors.append(Floor(slo, _statistic(ttft, slo.statistic)))
+            own = ttft if slo.traffic_class is None else ttft[classes == slo.traffic_class]
+            if own.size:  # a class without requests is refused before any trial
+                floors.append(Floor(slo, _statistic(own, slo.statistic)))
         elif slo.metric in ("tpot", "itl"):
             floors.append(Floor(slo, decode))
     return floors

@@ -23,6 +23,7 @@ from prefill_tuner.search_spaces.space import (
     parse_value,
 )
 from prefill_tuner.trace import load_trace
+from prefill_tuner.trace.classes import check_slo_classes, class_counts
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.shaping import ShapeOptions
 
@@ -75,6 +76,13 @@ class StudyPlan:
     screen_trials: int = 0
     """Real-engine studies: simulated trials to screen after the baseline, whose Pareto-optimal
     settings the real server runs first (:mod:`prefill_tuner.screening`); 0: off."""
+
+    def __post_init__(self) -> None:
+        """An SLO naming a class that no request carries could never be judged: refused
+        before any trial, listing the classes the trace has."""
+        wanted = [slo.traffic_class for slo in self.slos if slo.traffic_class is not None]
+        if wanted:
+            check_slo_classes(class_counts(self.trace), wanted)
 
     @property
     def abort_rule(self) -> EarlyAbortRule | None:

@@ -218,6 +218,13 @@ def knob_cells(settings: dict[str, Any], knobs: Sequence[str]) -> list[str]:
     return cells
 
 
+def objective_header(name: str) -> Text:
+    """A column header for an objective: a class's statistic on two lines (``p99_ttft`` over
+    ``[interactive]``), so the table stays narrow; never read as markup."""
+    statistic, bracket, rest = name.partition("[")
+    return Text(f"{statistic}\n{bracket}{rest}" if bracket else name)
+
+
 def knob_legend(knobs: Sequence[str]) -> str:
     """The caption naming the flags behind :data:`COLUMNS`' short names."""
     return "; ".join(f"{COLUMNS.get(knob, knob)}: {knob}" for knob in knobs)
@@ -249,6 +256,8 @@ def render_summary(summary: StudySummary) -> Group:
         )
     if summary.pareto:
         parts.append(_pareto_table(summary, knobs))
+        if any("[" in name for name in summary.objectives):
+            parts.append(_class_table(summary))
         recommended = summary.recommended
         assert recommended is not None
         parts.append(
@@ -342,7 +351,8 @@ def _pareto_table(summary: StudySummary, knobs: Sequence[str]) -> Table:
     table.add_column("trial", justify="right", overflow="fold")
     for knob in knobs:
         table.add_column(COLUMNS.get(knob, knob), justify="right", overflow="fold")
-    for name in summary.objectives:
+    shown = [name for name in summary.objectives if "[" not in name]
+    for name in shown:
         table.add_column(name, justify="right", overflow="fold")
     table.add_column("tok/s", justify="right", overflow="fold")
     table.add_column("slack", justify="right", overflow="fold")
@@ -353,9 +363,26 @@ def _pareto_table(summary: StudySummary, knobs: Sequence[str]) -> Table:
         table.add_row(
             f"{trial.trial_number}{mark}",
             *knob_cells(trial.settings, knobs),
-            *(_fmt(name, trial.objectives.get(name)) for name in summary.objectives),
+            *(_fmt(name, trial.objectives.get(name)) for name in shown),
             "n/a" if throughput is None else f"{throughput:,.0f}",
             "n/a" if slack is None else f"{slack:.0%}",
+        )
+    return table
+
+
+def _class_table(summary: StudySummary) -> Table:
+    """The per-class objectives of the Pareto-optimal trials, apart from the main table so
+    that both fit 80 columns."""
+    names = [name for name in summary.objectives if "[" in name]
+    table = narrow_table("", title="Per traffic class (the same trials)")
+    table.add_column("trial", justify="right", overflow="fold")
+    for name in names:
+        table.add_column(objective_header(name), justify="right", overflow="fold")
+    for trial in summary.pareto:
+        mark = "*" if trial is summary.recommended else ""
+        table.add_row(
+            f"{trial.trial_number}{mark}",
+            *(_fmt(name, trial.objectives.get(name)) for name in names),
         )
     return table
 

@@ -42,7 +42,9 @@ def _label(name: str) -> str:
 
 
 def _scale(name: str) -> float:
-    return 1000.0 if name.endswith(("_ttft", "_tpot", "_itl", "_e2el")) else 1.0
+    """Latencies (a class's too: ``p99_ttft[interactive]``) are plotted in ms."""
+    statistic = name.partition("[")[0]
+    return 1000.0 if statistic.endswith(("_ttft", "_tpot", "_itl", "_e2el")) else 1.0
 
 
 def hover_text(trial: TrialRecord) -> str:

@@ -203,6 +203,9 @@ def _definition(
             f"{stats.prompt_tokens['p50']:,.0f} / p99 {stats.prompt_tokens['p99']:,.0f} "
             f"tokens; outputs p50 {stats.output_tokens['p50']:,.0f} tokens"
         )
+        if stats.classes:
+            counts = ", ".join(f"{name} {count:,}" for name, count in stats.classes.items())
+            trace_text += f"; traffic classes: {counts}"
     else:
         trace_text = trace_note or "no requests"
     rows = [

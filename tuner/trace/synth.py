@@ -203,7 +203,8 @@ def synthesize(
     seed: int = 0,
 ) -> Trace:
     """A synthetic trace: the mix's arrivals plus the bursts; ids ``0, 1, …`` in arrival order
-    (a burst arriving at the same time as a mix request comes after it)."""
+    (a burst arriving at the same time as a mix request comes after it). Each request's traffic
+    class is its request class's name (``interactive``, ``1024x128``), so SLOs can name it."""
     rng = np.random.default_rng(seed)
     times = arrival_times(rng, rate, duration_s=duration_s, count=count, arrivals=arrivals, cv=cv)
     weights = np.array([part.weight for part in mix], dtype=float)
@@ -219,6 +220,7 @@ def synthesize(
             arrival_s=time,
             prompt_tokens=request_class.prompt_tokens,
             output_tokens=request_class.output_tokens,
+            traffic_class=request_class.name,
         )
         for index, (time, request_class) in enumerate(shapes)
     )
