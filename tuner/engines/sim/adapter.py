@@ -9,7 +9,8 @@ from pydantic import ConfigDict, ValidationError, create_model
 from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.sim.config import SimConfig, resolve_config
 from prefill_tuner.engines.sim.cost_model import StepModel
-from prefill_tuner.engines.sim.engine import SIMULATOR_VERSION, simulate
+from prefill_tuner.engines.sim.engine import SIMULATOR_VERSION, SimResult, simulate
+from prefill_tuner.engines.sim.replicas import simulate_replicas
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.search_spaces.knobs import KNOBS
@@ -86,13 +87,22 @@ class SimEngine:
     ) -> EngineRun:
         """Simulate the whole trace: ``early_abort`` is not used (a simulated run costs less
         than watching it would save)."""
+        config = self._config(settings)
+        if isinstance(config, EngineRun):
+            return config
+        result = simulate(trace, config, self.profile)
+        return self._engine_run(config, result)
+
+    def _config(self, settings: dict[str, Any]) -> SimConfig | EngineRun:
+        """The run's config, or the failed run of a config the engine rejects."""
         values = {**self.profile.engine_defaults, **settings}
         try:
-            config = SimConfig(**values)
+            return SimConfig(**values)
         except ValidationError as exc:
             message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
             return EngineRun(None, values, self.version, failure=f"config rejected: {message}")
-        result = simulate(trace, config, self.profile)
+
+    def _engine_run(self, config: SimConfig, result: SimResult) -> EngineRun:
         return EngineRun(
             metrics=result.metrics,
             resolved_config={**config.model_dump(), "profile": self.profile.model_dump()},
@@ -107,3 +117,40 @@ class SimEngine:
                 "wall_s": result.wall_s,
             },
         )
+
+
+class ReplicatedSimEngine(SimEngine):
+    """Runs trials on ``replicas`` copies of the simulated engine behind a router
+    (:mod:`~prefill_tuner.engines.sim.replicas`); every replica gets the trial's settings."""
+
+    def __init__(self, profile: StepModel, *, replicas: int, router: str) -> None:
+        super().__init__(profile)
+        self.replicas = replicas
+        self.router = router
+        self.version = (
+            f"{SIMULATOR_VERSION}; profile {profile.name}; {replicas} replica"
+            f"{'s' if replicas != 1 else ''} behind a {router} router"
+        )
+        self.capabilities = EngineCapabilities(engine="sim", version=self.version)
+
+    def run(
+        self,
+        trace: Trace,
+        settings: dict[str, Any],
+        early_abort: EarlyAbortRule | None = None,
+        *,
+        label: str | None = None,
+    ) -> EngineRun:
+        """Simulate the whole trace on every replica (``early_abort`` is not used)."""
+        config = self._config(settings)
+        if isinstance(config, EngineRun):
+            return config
+        replicated = simulate_replicas(
+            trace, config, self.profile, replicas=self.replicas, router=self.router
+        )
+        run = self._engine_run(config, replicated.result)
+        run.details["replicas"] = [
+            {**stats.as_dict(), "utilisation": share}
+            for stats, share in zip(replicated.replicas, replicated.utilisation(), strict=True)
+        ]
+        return run

@@ -102,6 +102,8 @@ class SimResult:
     stalled: str | None = None
     """Why the run stopped before serving everything (a request that can never be admitted)."""
     engine_version: str = SIMULATOR_VERSION
+    busy_s: float = 0.0
+    """Time the engine spent computing steps (the device's, when scheduling asynchronously)."""
 
     def summary(self, trace: Trace) -> dict[str, object]:
         """Everything worth keeping from a run of ``trace``, JSON-ready (NaN left as is)."""
@@ -142,6 +144,37 @@ def simulate(
     off only to check exactly that).
     """
     started = time.perf_counter()
+    requests, accepted, errors = prepare_requests(trace, config)
+    loop = _Loop(config, profile, accepted, on_step, fast_forward)
+    for _ in loop.steps():  # no horizon: it never pauses
+        raise AssertionError("the loop paused without a horizon")
+    if loop.stalled:
+        for request in requests:
+            if request.status not in (Status.FINISHED, Status.REJECTED):
+                errors[request.index] = "stalled: " + loop.stalled
+    records = request_records(requests, errors)
+    return SimResult(
+        config=config,
+        profile=profile.name,
+        records=records,
+        metrics=summarize_run(records),
+        steps=loop.step_index,
+        peak_kv_blocks=loop.peak_blocks,
+        usable_kv_blocks=config.usable_blocks,
+        preemptions=loop.preemptions,
+        wall_s=time.perf_counter() - started,
+        prefix_cache_queries=loop.scheduler.prefix_queries,
+        prefix_cache_hits=loop.scheduler.prefix_hits,
+        stalled=loop.stalled,
+        busy_s=loop.busy / NS,
+    )
+
+
+def prepare_requests(
+    trace: Trace, config: SimConfig
+) -> tuple[list[SimRequest], list[SimRequest], dict[int, str]]:
+    """Every request of the trace in the engine's terms, those the engine accepts, and why
+    the others were rejected (by index)."""
     interner = PrefixInterner()
     requests = [SimRequest(i, r, interner) for i, r in enumerate(trace.requests)]
     for request in requests:
@@ -156,19 +189,12 @@ def simulate(
             )
         else:
             accepted.append(request)
+    return requests, accepted, errors
 
-    loop = _Loop(config, profile, accepted, on_step, fast_forward)
-    if config.async_scheduling:
-        loop.run_async()
-    else:
-        loop.run_sync()
 
-    scheduler = loop.scheduler
-    if loop.stalled:
-        for request in requests:
-            if request.status not in (Status.FINISHED, Status.REJECTED):
-                errors[request.index] = "stalled: " + loop.stalled
-    records = [
+def request_records(requests: list[SimRequest], errors: dict[int, str]) -> list[RequestRecord]:
+    """What each request experienced, in trace order."""
+    return [
         RequestRecord(
             id=r.id,
             sent_s=r.arrival_s,
@@ -176,23 +202,10 @@ def simulate(
             expected_tokens=r.max_tokens,
             error=errors.get(r.index),
             preemptions=r.preemptions,
+            traffic_class=r.traffic_class,
         )
         for r in requests
     ]
-    return SimResult(
-        config=config,
-        profile=profile.name,
-        records=records,
-        metrics=summarize_run(records),
-        steps=loop.step_index,
-        peak_kv_blocks=loop.peak_blocks,
-        usable_kv_blocks=config.usable_blocks,
-        preemptions=loop.preemptions,
-        wall_s=time.perf_counter() - started,
-        prefix_cache_queries=scheduler.prefix_queries,
-        prefix_cache_hits=scheduler.prefix_hits,
-        stalled=loop.stalled,
-    )
 
 
 MIN_DECODE_RUN = 4
@@ -231,13 +244,19 @@ class _Loop:
         self.on_step = on_step
         self.fast_forward = fast_forward
         self.scheduler = Scheduler(config)
-        self.ready = _ready_times(
-            accepted, _ns(profile.request_latency_s), _ns(profile.request_interval_s)
-        )
+        self.latency = _ns(profile.request_latency_s)
+        self.interval = _ns(profile.request_interval_s)
+        self.ready = _ready_times(accepted, self.latency, self.interval)
+        self.horizon: int | None = None
+        """Set while requests may still be added (replicas behind a router): the next one
+        reaches the router then. The loop pauses (its generator yields) before any decision
+        that could depend on it, and treats it as an arrival it may not run past."""
         self.next_arrival = 0
         self.step_index = 0
         self.peak_blocks = 0
         self.preemptions = 0
+        self.busy = 0
+        """Ticks spent computing steps (the device's, when asynchronous)."""
         self.stalled: str | None = None
 
     def _admit_arrivals(self, now: int) -> None:
@@ -248,8 +267,28 @@ class _Loop:
             self.next_arrival += 1
 
     def _upcoming(self) -> int | None:
-        """When the next request reaches the scheduler, if one is still to come."""
-        return self.ready[self.next_arrival] if self.next_arrival < len(self.accepted) else None
+        """When the next request reaches the scheduler, if one is still to come (at the
+        soonest the horizon, when more may be added)."""
+        known = self.ready[self.next_arrival] if self.next_arrival < len(self.accepted) else None
+        horizon = self.horizon
+        if horizon is None or (known is not None and known <= horizon):
+            return known
+        return horizon
+
+    def add(self, request: SimRequest, sent: int) -> None:
+        """A request sent at ``sent`` (ticks), at or after every one added before it."""
+        self.accepted.append(request)
+        ready = sent + self.latency
+        self.ready.append(max(ready, self.ready[-1] + self.interval) if self.ready else ready)
+
+    def steps(self) -> Iterator[int]:
+        """Run the loop; yields its clock whenever it reaches :attr:`horizon` (never when
+        there is none), to be resumed once the requests sent before the new horizon are
+        added."""
+        return self._run_async() if self.config.async_scheduling else self._run_sync()
+
+    def _paused(self, clock: int) -> bool:
+        return self.horizon is not None and clock >= self.horizon
 
     def _schedule(self) -> StepPlan | None:
         """One ``schedule()`` call; ``None`` when it did nothing at all (nothing can change
@@ -285,11 +324,13 @@ class _Loop:
             )
         )
 
-    def run_sync(self) -> None:
+    def _run_sync(self) -> Iterator[int]:
         """vLLM's ``EngineCore.step``: schedule, execute, apply the output, repeat."""
         scheduler, profile = self.scheduler, self.profile
         clock = self.ready[0] if self.accepted else 0
         while True:
+            while self._paused(clock):
+                yield clock
             self._admit_arrivals(clock)
             arrival = self._upcoming()
             if not scheduler.has_work():
@@ -310,12 +351,13 @@ class _Loop:
             shape = _shape(plan)
             # A step that only preempted runs no model: vLLM skips execution with no tokens.
             end = clock + (_ns(profile.step_seconds(shape)) if plan.scheduled else 0)
+            self.busy += end - clock
             step = _InFlight(self.step_index, plan, shape, clock, end, scheduler.kv.num_used_blocks)
             self.step_index += 1
             self._emit(step, scheduler.finish_step(plan, end / NS))
             clock = end
 
-    def run_async(self) -> None:
+    def _run_async(self) -> Iterator[int]:
         """vLLM's ``EngineCore.step_with_batch_queue`` with two batches in flight: schedule
         and launch a step, and only when two are in flight (or nothing more can be
         scheduled) wait for the older one and apply its output."""
@@ -324,6 +366,8 @@ class _Loop:
         host = self.ready[0] if self.accepted else 0  # the engine core's clock
         device_free = 0  # when the device finishes the last step launched
         while True:
+            while self._paused(host):
+                yield host
             self._admit_arrivals(host)
             if scheduler.has_work():
                 if self.fast_forward and len(queue) == 1 and queue[0].plan.scheduled:
@@ -340,6 +384,7 @@ class _Loop:
                         host += host_part
                         start = max(device_free, host)
                         end = device_free = start + total - host_part
+                        self.busy += end - start
                     else:
                         start = end = host
                     queue.append(
@@ -404,6 +449,7 @@ class _Loop:
         used, finished = scheduler.apply_decode_run(steps, [end / NS for end in ends])
         self.peak_blocks = max(self.peak_blocks, used[-1])
         self._emit_run(ids, starts, ends, used, finished)
+        self.busy += ends[-1] - starts[0]  # back to back
         return ends[-1]
 
     def _async_decode_run(self, queue: deque[_InFlight], host: int) -> tuple[int, int] | None:
@@ -437,6 +483,7 @@ class _Loop:
         if steps < MIN_DECODE_RUN:
             return None
         queue.popleft()
+        self.busy += sum(ends) - sum(starts)
         ids = [r.id for r in scheduler.running] if self.on_step is not None else []
         arrived = [previous.end, *ends[:-1]]
         used, _ = scheduler.apply_decode_run(steps, [end / NS for end in arrived])
