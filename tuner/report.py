@@ -374,7 +374,7 @@ def _class_table(summary: StudySummary) -> Table:
     """The per-class objectives of the Pareto-optimal trials, apart from the main table so
     that both fit 80 columns."""
     names = [name for name in summary.objectives if "[" in name]
-    table = narrow_table("", title="Per traffic class (the same trials)")
+    table = narrow_table("", title="Per traffic class")
     table.add_column("trial", justify="right", overflow="fold")
     for name in names:
         table.add_column(objective_header(name), justify="right", overflow="fold")
