@@ -23,6 +23,12 @@ STARTUP_TRIALS = 8
 RULE_TRIALS = True
 """Latency studies run a few rule-derived settings after the baseline (tuner/first_trials.py;
 benchmarks/RESULTS.md, issue 17)."""
+ROUTER = "least-outstanding"
+"""``tune plan``'s router in front of the replicas."""
+MAX_REPLICAS = 16
+"""The most replicas ``tune plan`` considers."""
+PLAN_TRIALS = 20
+"""``tune plan``'s trials per replica count (a count none of them meets is not met)."""
 CAPACITY_TOLERANCE = 0.05
 """Relative precision of the capacity bisection."""
 MIN_GAIN = 0.05

@@ -1,5 +1,5 @@
 """Machine-readable output: the JSON documents ``tune run --json``, ``tune pareto --json``,
-``tune studies --json`` and ``tune trials --json`` print.
+``tune studies --json``, ``tune trials --json`` and ``tune plan --json`` print.
 
 Each is a pydantic model, so that what is printed is validated against its own schema, and
 the schema (``docs/summary.schema.json``, generated from these models and checked by the
@@ -18,6 +18,7 @@ import optuna
 from pydantic import BaseModel, ConfigDict, Field
 
 from prefill_tuner.recommend import RULE
+from prefill_tuner.replica_plan import ReplicaPlan, replica_details
 from prefill_tuner.report import StudySummary, predicted, summarize_stored
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
@@ -125,6 +126,43 @@ class TrialsDocument(_Document):
     schema_version: Literal[1] = SCHEMA_VERSION
     study: str
     trials: list[TrialDocument]
+
+
+class ReplicaCountDocument(_Document):
+    """What ``tune plan`` found at one replica count."""
+
+    replicas: int
+    study: str = Field(description="The study of this count (every trial: this many replicas).")
+    met: bool = Field(description="Whether a trial met every SLO.")
+    trials: int = Field(description="Trials finished.")
+    closest: TrialDocument | None = Field(
+        description="When not met: the trial nearest to meeting the SLOs."
+    )
+
+
+class PlanDocument(_Document):
+    """How many replicas a trace needs behind a router (``tune plan --json``)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    router: str
+    max_replicas: int
+    replicas: int | None = Field(
+        description="The fewest replicas whose settings met every SLO; null: none up to "
+        "max_replicas."
+    )
+    answer: SummaryDocument | None = Field(
+        description="The study of that count: its recommended settings (every replica runs "
+        "them) and the Pareto front."
+    )
+    utilisation: list[float] = Field(
+        description="Per replica, under the recommended settings: the share of the run it "
+        "spent computing steps."
+    )
+    requests_per_replica: list[int] = Field(description="Requests the router sent each one.")
+    counts: list[ReplicaCountDocument] = Field(
+        description="Every count searched, in increasing order (the one below the answer among "
+        "them, unless the answer is 1)."
+    )
 
 
 def _finite(values: dict[str, Any]) -> dict[str, float | None]:
@@ -290,11 +328,41 @@ def stored_trials_document(store: TunerStore, name: str) -> TrialsDocument:
     return trials_document(name, trials, optuna_trials(store, name))
 
 
+def plan_document(store: TunerStore, plan: ReplicaPlan) -> PlanDocument:
+    """The document of a replica plan, its studies read from ``store``."""
+    counts = []
+    for replicas, result in sorted(plan.counts.items()):
+        closest = next((t for t in result.summary.closest if t.status != "failed"), None)
+        frozen = {t.number: t for t in optuna_trials(store, result.study)} if closest else {}
+        counts.append(
+            ReplicaCountDocument(
+                replicas=replicas,
+                study=result.study,
+                met=result.met,
+                trials=result.summary.finished,
+                closest=trial_document(closest, frozen.get(closest.trial_number))
+                if closest and not result.met
+                else None,
+            )
+        )
+    answer = plan.answer
+    shares = replica_details(answer.summary) if answer else []
+    return PlanDocument(
+        router=plan.router,
+        max_replicas=plan.max_replicas,
+        replicas=plan.replicas,
+        answer=stored_summary_document(store, answer.study) if answer else None,
+        utilisation=[share["utilisation"] for share in shares],
+        requests_per_replica=[int(share["requests"]) for share in shares],
+        counts=counts,
+    )
+
+
 def schema() -> str:
     """The JSON Schema of every document, as ``docs/summary.schema.json`` holds it."""
     documents = {
         model.__name__: model.model_json_schema(mode="serialization")
-        for model in (SummaryDocument, StudiesDocument, TrialsDocument)
+        for model in (SummaryDocument, StudiesDocument, TrialsDocument, PlanDocument)
     }
     return json.dumps(documents, indent=2, sort_keys=True) + "\n"
 

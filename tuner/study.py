@@ -289,21 +289,44 @@ def run_study(
     store: TunerStore,
     progress: StudyProgress | None = None,
     opened: tuple[optuna.Study, StudyRecord] | None = None,
+    *,
+    until_feasible: bool = False,
 ) -> optuna.Study:
-    """Run the study to ``plan.trials`` finished trials (or the timeout). KeyboardInterrupt
-    propagates after the finished trials are stored. ``opened``: the result of
-    :func:`open_study`, when the caller already opened (and so checked) it."""
+    """Run the study to ``plan.trials`` finished trials (or the timeout), or with
+    ``until_feasible`` only until one meets every SLO. KeyboardInterrupt propagates after the
+    finished trials are stored. ``opened``: the result of :func:`open_study`, when the caller
+    already opened (and so checked) it."""
     progress = progress or StudyProgress()
     study, record = opened or open_study(plan, store, engine)
     prepare_run(study, plan, engine)
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     remaining = max(plan.trials - len(finished), 0)
+    if until_feasible and any(_met(trial) for trial in finished):
+        remaining = 0
     progress.on_start(len(finished), remaining)
     if remaining == 0:
         return study
     objective = TrialObjective(plan, engine, store, record, progress, finished, standalone=True)
-    study.optimize(objective, n_trials=remaining, timeout=plan.timeout_s, catch=())
+
+    def stop_once_met(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if until_feasible and _met(trial):
+            study.stop()
+
+    study.optimize(
+        objective,
+        n_trials=remaining,
+        timeout=plan.timeout_s,
+        catch=(),
+        callbacks=[stop_once_met],
+    )
     return study
+
+
+def _met(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether a finished trial met every SLO."""
+    return trial.state == optuna.trial.TrialState.COMPLETE and bool(
+        trial.user_attrs.get("feasible")
+    )
 
 
 class TrialObjective:

@@ -16,6 +16,7 @@ from prefill_tuner.cli.calibrate_cmd import calibrate_command
 from prefill_tuner.cli.diagnose_cmd import diagnose_command
 from prefill_tuner.cli.listing_cmd import studies_command, trials_command
 from prefill_tuner.cli.nightly_cmd import nightly_command
+from prefill_tuner.cli.plan_cmd import plan_command
 from prefill_tuner.cli.report_cmd import report_command
 from prefill_tuner.cli.results_cmd import export_command, pareto_command
 from prefill_tuner.cli.run_cmd import run_command
@@ -40,6 +41,7 @@ app = typer.Typer(
 )
 app.add_typer(trace_app, name="trace")
 app.command("run")(run_command)
+app.command("plan")(plan_command)
 app.command("pareto")(pareto_command)
 app.command("export")(export_command)
 app.command("report")(report_command)

@@ -97,14 +97,16 @@ def print_study_header(
     trace_name: str,
     engine: TrialEngine,
     baseline_outside: dict[str, Any] | None = None,
+    *,
+    title: str | None = None,
 ) -> None:
-    """What is about to be tuned: the study, the trace, the engine (and how far its numbers
-    go), the space (and the engine defaults it leaves out, which the baseline runs all the
-    same)."""
+    """What is about to be tuned: the study (or ``title``), the trace, the engine (and how far
+    its numbers go), the space (and the engine defaults it leaves out, which the baseline runs
+    all the same)."""
     console.print(
         escape(
-            f"study {plan.name} on {trace_name} ({len(plan.trace):,} requests) with "
-            f"{engine.version}"
+            f"{title or f'study {plan.name}'} on {trace_name} ({len(plan.trace):,} requests) "
+            f"with {engine.version}"
         ),
         soft_wrap=True,
     )
@@ -124,8 +126,16 @@ class ProgressDisplay:
     """A progress bar with the best feasible result so far (and, when trials take minutes, a
     line per finished trial)."""
 
-    def __init__(self, console: Console, plan: StudyPlan, verbose: bool = False) -> None:
-        self.plan, self.verbose = plan, verbose
+    def __init__(
+        self,
+        console: Console,
+        plan: StudyPlan,
+        verbose: bool = False,
+        *,
+        idle: str = "no feasible trial yet",
+    ) -> None:
+        """``idle``: what the bar says until a trial of this run meets the SLOs."""
+        self.plan, self.verbose, self.idle = plan, verbose, idle
         self.bar = Progress(
             TextColumn("[bold]trials"),
             BarColumn(bar_width=8),
@@ -141,7 +151,7 @@ class ProgressDisplay:
             transient=False,
             expand=True,
         )
-        self.task = self.bar.add_task("no feasible trial yet", total=None, last="")
+        self.task = self.bar.add_task(escape(idle), total=None, last="")
         self.best: TrialResult | None = None
         self.failed = 0
         self.progress = StudyProgress(on_start=self._start, on_trial=self._trial)
@@ -166,7 +176,7 @@ class ProgressDisplay:
             if better:
                 self.best = result
         self.failed += bool(result.failure)
-        description = "no feasible trial yet"
+        description = self.idle
         if self.best is not None:
             shown = ", ".join(
                 f"{o.name} {format_value(o.name, v)}"

@@ -1,0 +1,251 @@
+"""``tune plan``: how many replicas behind a router a trace needs, and their settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from prefill_tuner import defaults, exit_codes
+from prefill_tuner.cli.display import (
+    ProgressDisplay,
+    error_console,
+    output_console,
+    print_document,
+    print_study_header,
+    quiet_optuna,
+    stop_signals,
+)
+from prefill_tuner.cli.options import (
+    SPACE,
+    TRACE,
+    JsonOpt,
+    ModelOpt,
+    SeedOpt,
+    SloOpt,
+    StorageOpt,
+    TraceChoice,
+    with_options,
+)
+from prefill_tuner.documents import plan_document
+from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.engines.sim.cost_model import load_profile
+from prefill_tuner.engines.sim.routing import ROUTERS
+from prefill_tuner.errors import TunerError
+from prefill_tuner.infeasibility import latency_floor
+from prefill_tuner.objectives.scoring import ERRORS
+from prefill_tuner.plan import SpaceSpec, StudyPlan, build_plan
+from prefill_tuner.replica_plan import CountResult, ReplicaPlan, plan_replicas, replica_details
+from prefill_tuner.report import render_summary
+from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study import StudyProgress
+
+MAX_REPLICAS = 1024
+"""The most replicas ``--max-replicas`` takes (each is simulated)."""
+
+
+@with_options(trace=TRACE, space=SPACE)
+def plan_command(
+    slo: SloOpt,
+    trace_file: Annotated[
+        Path,
+        typer.Option(
+            "--trace",
+            help="Trace file to replay (JSONL, Azure or BurstGPT CSV).",
+            show_default="a bundled sample of Mooncake's conversation trace",
+        ),
+    ] = defaults.SAMPLE_TRACE,
+    router: Annotated[
+        str,
+        typer.Option(
+            "--router",
+            help="How requests are spread: round-robin, least-outstanding (fewest in flight) "
+            "or prefix-aware (SGLang's cache-aware policy).",
+        ),
+    ] = defaults.ROUTER,
+    max_replicas: Annotated[
+        int,
+        typer.Option(
+            "--max-replicas", min=1, max=MAX_REPLICAS, help="The most replicas to consider."
+        ),
+    ] = defaults.MAX_REPLICAS,
+    trials: Annotated[
+        int,
+        typer.Option(
+            "--trials",
+            min=1,
+            help="Trials per replica count: a count is not met when none of these meets the "
+            "SLOs; the answer's study runs them all to find the best settings.",
+        ),
+    ] = defaults.PLAN_TRIALS,
+    profile: Annotated[
+        str,
+        typer.Option("--profile", help="Simulator step-time profile (name or file)."),
+    ] = defaults.PROFILE,
+    model: ModelOpt = defaults.MODEL,
+    study_name: Annotated[
+        str | None,
+        typer.Option(
+            "--study",
+            help="Name the studies start with (STUDY-1x, STUDY-2x, ...; default: "
+            "TRACE-plan-ROUTER).",
+        ),
+    ] = None,
+    storage: StorageOpt = defaults.STORAGE,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+    *,
+    trace: TraceChoice,
+    space: SpaceSpec,
+) -> None:
+    """Find the fewest replicas (behind a router, on the simulator) whose scheduler settings
+    meet the SLOs, and those settings. Exit code 0: found; 4: not within --max-replicas;
+    2: bad input; 130: interrupted (the same command resumes)."""
+    err = error_console()
+    if router not in ROUTERS:
+        raise TunerError(f"--router {router!r}: expected one of {', '.join(ROUTERS)}")
+    step_model = load_profile(profile)
+    plan = build_plan(
+        SimEngine(step_model),
+        trace.at(trace_file),
+        space,
+        slos=slo,
+        name=study_name or _default_name(trace_file, router),
+        storage_url=storage,
+        model=model,
+        trials=trials,
+        seed=seed,
+    )
+    unreachable = [f for f in latency_floor(plan.trace, step_model, plan.slos) if f.unreachable]
+    if unreachable:
+        err.print("no replica count can meet these SLOs (each request alone on a replica):")
+        for floor in unreachable:
+            err.print(escape(f"  {floor.line()}"), soft_wrap=True)
+        raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
+    store = TunerStore(storage)
+    quiet_optuna()
+    trace_name = "the bundled sample" if trace_file == defaults.SAMPLE_TRACE else str(trace_file)
+    title = (
+        f"plan {plan.name}: up to {max_replicas} replicas behind a {router} router, "
+        f"{trials} trials per count,"
+    )
+    print_study_header(err, plan, trace_name, SimEngine(step_model), title=title)
+    displays = _CountDisplays(err)
+    interrupted = False
+    with stop_signals(err):
+        try:
+            result = plan_replicas(
+                plan, step_model, store, router=router, max_replicas=max_replicas, progress=displays
+            )
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            displays.close()
+    if interrupted:
+        err.print("interrupted: every finished trial is kept; run the same command to resume")
+        raise typer.Exit(exit_codes.INTERRUPTED)
+    if as_json:
+        print_document(plan_document(store, result))
+    else:
+        _print_plan(result)
+    if result.replicas is None:
+        raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
+
+
+class _CountDisplays:
+    """A progress bar per replica count searched, one after the other."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.current: ProgressDisplay | None = None
+        self.searched: set[int] = set()
+
+    def __call__(self, replicas: int, plan: StudyPlan, met: bool) -> StudyProgress:
+        self.close()
+        again = replicas in self.searched
+        self.searched.add(replicas)
+        if again:
+            what = "the rest of its trials, for the best settings"
+        else:
+            what = "met by a stored trial" if met else "searching"
+        self.console.print(
+            escape(f"{_replicas(replicas)}: {what} (study {plan.name})"), soft_wrap=True
+        )
+        idle = "met; no better trial yet" if met else "no trial meets the SLOs yet"
+        self.current = ProgressDisplay(self.console, plan, idle=idle).__enter__()
+        return self.current.progress
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.__exit__(None, None, None)
+            self.current = None
+
+
+def _replicas(count: int) -> str:
+    return f"{count} replica{'s' if count != 1 else ''}"
+
+
+def _default_name(trace_file: Path, router: str) -> str:
+    return f"{trace_file.stem}-plan-{router}"
+
+
+def _print_plan(result: ReplicaPlan) -> None:
+    out = output_console()
+    answer = result.answer
+    if answer is None:
+        last = result.counts[max(result.counts)]
+        out.print(
+            escape(
+                f"no count up to {result.max_replicas} replicas behind a {result.router} "
+                f"router met every SLO; {_missed(last)}"
+            ),
+            soft_wrap=True,
+        )
+        return
+    trial = answer.summary.recommended
+    assert trial is not None
+    out.print(
+        escape(
+            f"{_replicas(answer.replicas)} behind a {result.router} router meet every SLO "
+            f"(study {answer.study}, trial {trial.trial_number})"
+        ),
+        soft_wrap=True,
+    )
+    below = result.below
+    if below is not None:
+        out.print(escape(f"{_replicas(below.replicas)}: {_missed(below)}"), soft_wrap=True)
+    replicas = replica_details(answer.summary)
+    if replicas:
+        shares = " ".join(f"{share['utilisation']:.0%}" for share in replicas)
+        sent = " ".join(str(int(share["requests"])) for share in replicas)
+        out.print(f"utilisation (busy share of the run): {shares}", soft_wrap=True)
+        out.print(f"requests per replica: {sent}", soft_wrap=True)
+    wall = (trial.metrics or {}).get("details", {}).get("wall_s")
+    if wall is not None:
+        out.print(
+            f"simulator cost: {wall:.2f} s a run of {answer.replicas} replicas "
+            f"({wall / answer.replicas:.3f} s a replica)",
+            soft_wrap=True,
+        )
+    out.print(escape(f"each replica: {trial.serve_command}"), soft_wrap=True)
+    out.print()
+    out.print(render_summary(answer.summary), crop=False)
+
+
+def _missed(result: CountResult) -> str:
+    """Why a count was not met: how many settings were tried and how close the best came."""
+    tried = result.summary.finished
+    closest = next((t for t in result.summary.closest if t.status != "failed"), None)
+    if closest is None:
+        return f"none of {tried} settings ran to the end"
+    binding = max(closest.constraints, key=lambda name: closest.constraints[name])
+    excess = closest.constraints[binding]
+    how = (
+        f"{excess:.0%} of requests failed beyond the error budget"
+        if binding == ERRORS
+        else f"{binding} {excess:+.0%} over its limit"
+    )
+    return f"none of {tried} settings met the SLOs (closest: trial {closest.trial_number}, {how})"

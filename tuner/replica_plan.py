@@ -1,0 +1,126 @@
+"""How many replicas a trace needs: the smallest count, behind a router, whose scheduler
+settings meet the SLOs, found with the study machinery on the simulator.
+
+Each replica count is a study of its own (``STUDY-3x``: every trial runs that many simulated
+replicas behind the router, all with the trial's settings), run only until a trial meets every
+SLO. Counts are tried doubling from 1 until one is met, then bisected down to the smallest; so
+the count below the answer was searched too, and the plan reports it failing. The answer's
+study then runs its remaining trials to find the best settings at that count. Studies are
+stored like any other, so a stopped plan resumes where it stopped.
+
+A count that no trial met within its trials is not proven infeasible (the search is a sample);
+the report says how many settings were tried and how close the best came.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prefill_tuner.engines.sim.adapter import ReplicatedSimEngine
+from prefill_tuner.engines.sim.cost_model import StepModel
+from prefill_tuner.plan import StudyPlan
+from prefill_tuner.report import StudySummary, summarize_stored
+from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study import StudyProgress, open_study, run_study
+
+
+@dataclass(frozen=True)
+class CountResult:
+    """What the search found at one replica count."""
+
+    replicas: int
+    study: str
+    summary: StudySummary
+
+    @property
+    def met(self) -> bool:
+        return self.summary.recommended is not None
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """Every count searched, and the smallest that met the SLOs."""
+
+    router: str
+    max_replicas: int
+    counts: dict[int, CountResult]
+    """Replica count → its study's outcome, for every count searched."""
+
+    @property
+    def replicas(self) -> int | None:
+        """The smallest count met (``None``: not even ``max_replicas``)."""
+        met = [count for count, result in self.counts.items() if result.met]
+        return min(met) if met else None
+
+    @property
+    def answer(self) -> CountResult | None:
+        replicas = self.replicas
+        return None if replicas is None else self.counts[replicas]
+
+    @property
+    def below(self) -> CountResult | None:
+        """The count just below the answer (searched and not met), if the answer is above 1."""
+        replicas = self.replicas
+        return None if replicas is None else self.counts.get(replicas - 1)
+
+
+def count_study_name(base: str, replicas: int) -> str:
+    """The study of one replica count: ``sample-plan-3x``."""
+    return f"{base}-{replicas}x"
+
+
+def plan_replicas(
+    plan: StudyPlan,
+    profile: StepModel,
+    store: TunerStore,
+    *,
+    router: str,
+    max_replicas: int,
+    progress: Callable[[int, StudyPlan, bool], StudyProgress] | None = None,
+) -> ReplicaPlan:
+    """Search replica counts 1, 2, 4, … up to ``max_replicas`` until one is met, bisect to
+    the smallest, then finish that count's study (``plan.trials`` trials each).
+    ``progress(count, plan, met)``: a progress reporter for the study of ``count`` replicas
+    (``met``: a stored trial of it already meets the SLOs)."""
+    counts: dict[int, CountResult] = {}
+
+    def search(replicas: int, *, until_feasible: bool) -> CountResult:
+        engine = ReplicatedSimEngine(profile, replicas=replicas, router=router)
+        count_plan = dataclasses.replace(plan, name=count_study_name(plan.name, replicas))
+        opened = open_study(count_plan, store, engine)
+        met = any(trial.user_attrs.get("feasible") for trial in opened[0].trials)
+        reporter = progress(replicas, count_plan, met) if progress else None
+        run_study(count_plan, engine, store, reporter, opened, until_feasible=until_feasible)
+        result = CountResult(replicas, count_plan.name, summarize_stored(store, count_plan.name))
+        counts[replicas] = result
+        return result
+
+    low, high = 0, None  # low: the largest count not met; high: the smallest met
+    replicas = 1
+    while replicas <= max_replicas:
+        if search(replicas, until_feasible=True).met:
+            high = replicas
+            break
+        low = replicas
+        if replicas == max_replicas:
+            break
+        replicas = min(replicas * 2, max_replicas)
+    if high is not None:
+        while high - low > 1:
+            middle = (low + high) // 2
+            if search(middle, until_feasible=True).met:
+                high = middle
+            else:
+                low = middle
+        search(high, until_feasible=False)  # the best settings at the answer
+    return ReplicaPlan(router=router, max_replicas=max_replicas, counts=counts)
+
+
+def replica_details(summary: StudySummary) -> list[dict[str, float]]:
+    """The recommended trial's per-replica statistics (requests, busy time, utilisation)."""
+    trial = summary.recommended
+    if trial is None or not trial.metrics:
+        return []
+    return list(trial.metrics.get("details", {}).get("replicas", []))
