@@ -11,6 +11,7 @@ what a real router would (requests in flight: sent, last token not yet returned)
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from prefill_tuner.engines.sim.engine import (
     prepare_requests,
     request_records,
 )
-from prefill_tuner.engines.sim.request import SimRequest, Status
+from prefill_tuner.engines.sim.request import Status
 from prefill_tuner.engines.sim.routing import make_router
 from prefill_tuner.objectives.metrics import summarize_run
 from prefill_tuner.trace.model import Trace
@@ -82,8 +83,13 @@ def simulate_replicas(
     requests, accepted, errors = prepare_requests(trace, config)
     policy = make_router(router, replicas)
     loops = [_Loop(config, profile, [], None, True) for _ in range(replicas)]
+    for loop in loops:
+        loop.scheduler.retired = []
     runs: list[Iterator[int] | None] = [loop.steps() for loop in loops]
-    in_flight: list[list[SimRequest]] = [[] for _ in range(replicas)]
+    outstanding = [0] * replicas
+    """Per replica: requests sent whose last token the router does not have yet."""
+    returning: list[list[int]] = [[] for _ in range(replicas)]
+    """Per replica, a heap: when each finished request's last token reaches the router."""
     sent = [0] * replicas
     assignment = [-1] * len(requests)
     for request in accepted:
@@ -91,10 +97,17 @@ def simulate_replicas(
         for index, loop in enumerate(loops):
             loop.horizon = now
             runs[index] = _advance(runs[index])
-            in_flight[index] = [r for r in in_flight[index] if not _returned(r, now)]
-        choice = policy.choose(request, [len(requests) for requests in in_flight])
+            retired, heap = loop.scheduler.retired, returning[index]
+            if retired:
+                for finished in retired:
+                    heapq.heappush(heap, _ns(finished.token_times[-1]))
+                retired.clear()
+            while heap and heap[0] <= now:
+                heapq.heappop(heap)
+                outstanding[index] -= 1
+        choice = policy.choose(request, outstanding)
         loops[choice].add(request, now)
-        in_flight[choice].append(request)
+        outstanding[choice] += 1
         sent[choice] += 1
         assignment[request.index] = choice
     for index, loop in enumerate(loops):
@@ -141,10 +154,3 @@ def _advance(run: Iterator[int] | None) -> Iterator[int] | None:
     if run is None:
         return None
     return run if next(run, None) is not None else None
-
-
-def _returned(request: SimRequest, now: int) -> bool:
-    """Whether the router has the request's last token by ``now`` (or its error)."""
-    if request.status == Status.FINISHED:
-        return _ns(request.token_times[-1]) <= now
-    return False

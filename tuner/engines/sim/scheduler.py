@@ -79,6 +79,9 @@ class Scheduler:
         """Of those, tokens served by the prefix cache."""
         self.num_stale = 0
         """Preempted requests whose stale output is still in flight (async scheduling)."""
+        self.retired: list[SimRequest] | None = None
+        """When a list: every request that finishes is appended to it (a router in front of
+        replicas reads them; see ``replicas.py``)."""
 
     def add_request(self, request: SimRequest) -> None:
         self.waiting.append(request)
@@ -377,6 +380,8 @@ class Scheduler:
     def _retire(self, finished: list[SimRequest]) -> None:
         """Remove finished requests from the running list (or, a preempted one whose stale
         output finished it, from the waiting queue) and free their blocks, in order."""
+        if self.retired is not None:
+            self.retired += finished
         done = {id(request) for request in finished}
         self.running = [r for r in self.running if id(r) not in done]
         if any(request.status is not Status.RUNNING for request in finished):
