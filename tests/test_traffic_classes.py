@@ -14,6 +14,8 @@ import pytest
 from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
 from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.errors import TunerError
+from prefill_tuner.first_trials import decode_batch
+from prefill_tuner.infeasibility import latency_floor
 from prefill_tuner.objectives.early_abort import EarlyAbortRule, Snapshot
 from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
 from prefill_tuner.objectives.scoring import UNMEASURED, judge, statistic
@@ -25,6 +27,7 @@ from prefill_tuner.trace import ShapeOptions, load_trace
 from prefill_tuner.trace.classes import ClassBand, parse_classes
 from prefill_tuner.trace.model import Request, Trace
 from prefill_tuner.trace.native import write_native
+from prefill_tuner.trace.stats import trace_stats
 from prefill_tuner.worker.definition import plan_from_record
 
 H100 = load_profile("llama-3.1-8b-h100")
@@ -346,3 +349,24 @@ def test_per_class_slos_change_which_setting_wins(tmp_path: Path) -> None:
     # Per class, the same two limits: chunking long prompts wins.
     per_class = ["p99_ttft[interactive]=300ms", "p99_ttft[longdoc]=2s"]
     assert _winner(metrics, per_class) == "chunked long prompts"
+
+
+def test_a_class_ttft_floor_is_over_its_requests_and_its_tpot_limit_sets_the_rule_trials(
+    tmp_path: Path,
+) -> None:
+    trace = load_trace(
+        str(_written(_mixed_trace(), tmp_path)), options=ShapeOptions(classes=CLASSES)
+    )
+    slos = parse_slos(["max_ttft[chat]=1s", "max_ttft[doc]=1s", "max_ttft=1s"])
+    floors = {floor.slo.name: floor.floor_s for floor in latency_floor(trace, H100, slos)}
+    assert floors["max_ttft[chat]"] < 0.1 < floors["max_ttft[doc]"] == floors["max_ttft"]
+    plan = StudyPlan(
+        name="s",
+        trace=trace,
+        shaping=ShapeOptions(classes=CLASSES),
+        slos=parse_slos(["p99_tpot[chat]=40ms", "p99_tpot=80ms"]),
+        space=SearchSpace(ranges={}, fixed={}),
+    )
+    batch = decode_batch(plan)
+    assert batch is not None
+    assert batch == pytest.approx(max(1.0, trace_stats(trace).output_tokens_per_s * 0.04))
