@@ -282,6 +282,12 @@ def test_tune_run_with_classes_end_to_end_and_a_worker_rebuilds_the_same_plan(
         assert (by_class["chat"]["requests"], by_class["doc"]["requests"]) == (40, 4)
         assert trial.objectives["p99_ttft[doc]"] == pytest.approx(by_class["doc"]["ttft_s"]["p99"])
     assert "Per traffic class" in out and "[chat]" in out
+    # The HTML report names the classes and plots the class SLOs.
+    page = tmp_path / "s.html"
+    code, _, err = tune("report", "--storage", storage, "--study", "s", "-o", str(page))
+    assert code == 0, err
+    text = page.read_text()
+    assert "traffic classes: chat 40, doc 4" in text and "p99_ttft[chat]" in text
     # A worker rebuilds the same plan from the study's definition: classes and class SLOs.
     code, _, err = tune(*args, "--trials", "4", "--study", "w", "--create-only")
     assert code == 0, err

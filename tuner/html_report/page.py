@@ -204,8 +204,8 @@ def _definition(
             f"tokens; outputs p50 {stats.output_tokens['p50']:,.0f} tokens"
         )
         if stats.classes:
-            counts = ", ".join(f"{name} {count:,}" for name, count in stats.classes.items())
-            trace_text += f"; traffic classes: {counts}"
+            classes = ", ".join(f"{name} {count:,}" for name, count in stats.classes.items())
+            trace_text += f"; traffic classes: {classes}"
     else:
         trace_text = trace_note or "no requests"
     rows = [
