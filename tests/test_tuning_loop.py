@@ -112,6 +112,10 @@ def test_infeasible_study_says_so_and_names_the_binding_slo(tune, tmp_path: Path
     code, out, err = tune(*run_args(storage, 4, slos=("p99_ttft=1us",)))
     assert code == 4, err  # a distinct exit code: nothing to deploy
     assert "No trial met the SLOs" in out and "binding p99_ttft" in out
+    # each closest trial's serve line whole, on a line of its own (copy-pasted, it runs)
+    printed = [line.strip() for line in out.splitlines() if "vllm serve" in line]
+    _, trials = stored(storage)
+    assert printed and set(printed) <= {trial.serve_command for trial in trials}
     # Why, and whether any load would do: no setting reaches a 1 µs first token.
     flat = " ".join(err.split())
     assert "no scheduler setting can meet these SLOs, at any load: p99_ttft" in flat

@@ -294,7 +294,8 @@ def render_summary(summary: StudySummary) -> Group:
         parts.append(Text("\nNo trial met the SLOs.", style="bold red"))
         for trial in summary.closest:
             if trial.status == "failed":
-                parts.append(Text(f"{failed_text(trial)}; {trial.serve_command}"))
+                parts.append(Text(failed_text(trial)))
+                parts.append(Text(f"  {trial.serve_command}", no_wrap=True, overflow="ignore"))
                 continue
             binding = max(trial.constraints, key=lambda name: trial.constraints[name])
             cut = _cut_short(trial)
@@ -304,12 +305,9 @@ def render_summary(summary: StudySummary) -> Group:
                 detail = f"cut short: {cut['reason']}"
             else:
                 detail = _binding_text(trial, binding)
-            parts.append(
-                Text(
-                    f"trial {trial.trial_number}: binding {binding}: {detail}; "
-                    f"{trial.serve_command}"
-                )
-            )
+            parts.append(Text(f"trial {trial.trial_number}: binding {binding}: {detail}"))
+            # never wrapped: a pasted line must run as printed
+            parts.append(Text(f"  {trial.serve_command}", no_wrap=True, overflow="ignore"))
     return Group(*parts)
 
 
