@@ -82,7 +82,8 @@ def test_capacity_mode_finds_the_load_the_closest_settings_meet() -> None:
     defaults = engine.default_settings()
     slos = tuple(parse_slos(["p99_ttft=1.5s"]))
     floor = latency_floor(trace, H100, slos)[0]
-    assert not floor.unreachable  # reachable in principle; the defaults miss it at this load
+    # The bursts alone put p99 TTFT over 1.5 s at this load, whatever the settings...
+    assert floor.unreachable and floor.bursts and "at this load" in floor.line()
     assert not verdict_of(engine.run(trace, defaults), slos, 0.0).feasible
     headroom = rate_headroom(engine, trace, defaults, slos, trial_number=0)
     assert 0 < headroom.multiplier < 1
@@ -91,3 +92,20 @@ def test_capacity_mode_finds_the_load_the_closest_settings_meet() -> None:
     over = headroom.multiplier * (1 + 2 * CAPACITY_TOLERANCE)
     assert not verdict_of(engine.run(scale_rate(trace, over), defaults), slos, 0.0).feasible
     assert f"{headroom.multiplier:.3g}× the trace's request rate" in headroom.line()
+    # ... and at the load that is met, the floor is under the limit (as it must be).
+    assert not latency_floor(scale_rate(trace, headroom.multiplier), H100, slos)[0].unreachable
+
+
+def test_bursts_raise_the_floor_and_replicas_share_the_work() -> None:
+    trace = bursty_trace()
+    slos = tuple(parse_slos(["p99_ttft=1s", "p50_ttft=1s"]))
+    one = {floor.slo.name: floor for floor in latency_floor(trace, H100, slos)}
+    # 30 documents of 6-12k tokens within 0.3 s: the last of them waits for the others' work
+    assert one["p99_ttft"].bursts and one["p99_ttft"].floor_s > 5.0
+    # the median request is a chat that arrived alone: its own prefill sets its floor
+    assert not one["p50_ttft"].bursts and one["p50_ttft"].floor_s < 0.1
+    three = latency_floor(trace, H100, slos, replicas=3)[0]
+    thirty = latency_floor(trace, H100, slos, replicas=30)[0]
+    assert one["p99_ttft"].floor_s > three.floor_s > thirty.floor_s
+    # with a replica per document, only each document's own prefill remains
+    assert not thirty.bursts

@@ -45,9 +45,13 @@ def test_plan_finds_the_fewest_replicas_and_one_less_fails(tune, bursty: Path, t
     replicas = plan["replicas"]
     assert replicas >= 2, plan["counts"]  # the trace needs more than one: N−1 is checked
     counts = {c["replicas"]: c for c in plan["counts"]}
-    assert counts[replicas]["met"] and not counts[replicas - 1]["met"]
+    assert counts[replicas]["met"] and all(not c["met"] for n, c in counts.items() if n < replicas)
+    # N−1 was searched and none of its trials met the SLOs (on this trace; below the floors'
+    # count it would be proven instead)
+    assert plan["fewest_possible"] < replicas
     assert counts[replicas - 1]["trials"] == 6 and counts[replicas - 1]["closest"] is not None
-    assert all(not c["met"] for n, c in counts.items() if n < replicas)
+    # fewer than the floors' count are not searched: they cannot meet the SLOs
+    assert min(counts) == plan["fewest_possible"] and plan["floors_below"]
     assert len(plan["utilisation"]) == replicas
     assert sum(plan["requests_per_replica"]) == len(load_trace(str(bursty)).requests)
     settings = plan["answer"]["recommended"]["settings"]
@@ -81,15 +85,27 @@ def test_plan_finds_the_fewest_replicas_and_one_less_fails(tune, bursty: Path, t
 
 def test_plan_says_when_no_count_is_enough(tune, bursty: Path, tmp_path) -> None:
     storage = f"sqlite:///{tmp_path / 'plan.db'}"
-    code, out, err = tune(*plan_args(bursty, storage, "--max-replicas", "1"))
+    # One replica: its bursts alone keep p99 TTFT over 1 s (a floor; nothing is searched).
+    code, out, err = tune(*plan_args(bursty, storage, "--max-replicas", "1", "--json"))
     assert code == 4, err
-    assert out.startswith("no count up to 1 replicas behind a least-outstanding router met")
-    # An SLO below what a request alone on a replica gets: no search at all.
+    plan = json.loads(out)
+    assert plan["replicas"] is None and plan["counts"] == [] and plan["fewest_possible"] == 2
+    assert plan["floors_below"][0].startswith("p99_ttft ")
+    assert "the trace's bursts" in plan["floors_below"][0]
+    code, out, err = tune(*plan_args(bursty, storage, "--max-replicas", "1"))
+    assert code == 4 and out.startswith("no count up to 1 replica can meet these SLOs")
+    # Two: possible in principle, and none of the trials met them.
+    code, out, err = tune(*plan_args(bursty, storage, "--max-replicas", "2"))
+    assert code == 4, err
+    assert out.startswith("no count up to 2 replicas behind a least-outstanding router met")
+    assert "none of 6 settings met the SLOs (closest: trial" in out
+    # An SLO below what a request alone on a replica gets: no count at all.
     code, out, err = tune("plan", "--trace", str(bursty), "--storage", storage,
                           "--slo", "p99_ttft=5ms", "--study", "hopeless")  # fmt: skip
     assert code == 4
-    assert "no replica count can meet these SLOs" in err and "limit 5ms" in err
-    assert TunerStore(storage).get_study("hopeless-1x") is None
+    assert out.startswith("no count up to 16 replicas can meet these SLOs") and "limit 5ms" in out
+    assert "each prompt's uncached tokens prefilled in one step" in out
+    assert TunerStore(storage).get_study("hopeless-16x") is None
 
 
 @pytest.mark.parametrize(

@@ -365,7 +365,8 @@ def test_a_class_ttft_floor_is_over_its_requests_and_its_tpot_limit_sets_the_rul
     )
     slos = parse_slos(["max_ttft[chat]=1s", "max_ttft[doc]=1s", "max_ttft=1s"])
     floors = {floor.slo.name: floor.floor_s for floor in latency_floor(trace, H100, slos)}
-    assert floors["max_ttft[chat]"] < 0.1 < floors["max_ttft[doc]"] == floors["max_ttft"]
+    # the documents' own bursts bound theirs; all requests' work bounds the class-less one more
+    assert floors["max_ttft[chat]"] < 0.1 < floors["max_ttft[doc]"] <= floors["max_ttft"]
     plan = StudyPlan(
         name="s",
         trace=trace,

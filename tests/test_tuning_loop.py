@@ -118,7 +118,8 @@ def test_infeasible_study_says_so_and_names_the_binding_slo(tune, tmp_path: Path
     assert printed and set(printed) <= {trial.serve_command for trial in trials}
     # Why, and whether any load would do: no setting reaches a 1 µs first token.
     flat = " ".join(err.split())
-    assert "no scheduler setting can meet these SLOs, at any load: p99_ttft" in flat
+    assert "no scheduler setting can meet these SLOs on one engine: p99_ttft" in flat
+    assert "prefilled in one step of an idle engine" in flat  # a floor at any load
     assert "miss the SLOs even at 1/64 of the trace's request rate" in flat
     code, _, err = tune("export", "--storage", storage)
     assert code == 2 and "no trial met the SLOs" in err

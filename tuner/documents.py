@@ -159,9 +159,18 @@ class PlanDocument(_Document):
         "spent computing steps."
     )
     requests_per_replica: list[int] = Field(description="Requests the router sent each one.")
+    fewest_possible: int = Field(
+        description="The fewest replicas whose latency floors are within the SLOs: fewer "
+        "cannot meet them whatever the settings, and are not searched (max_replicas + 1: "
+        "no count up to max_replicas can)."
+    )
+    floors_below: list[str] = Field(
+        description="Why one replica fewer than fewest_possible cannot: each SLO's floor over "
+        "its limit, in words."
+    )
     counts: list[ReplicaCountDocument] = Field(
         description="Every count searched, in increasing order (the one below the answer among "
-        "them, unless the answer is 1)."
+        "them, unless it is below fewest_possible)."
     )
 
 
@@ -354,6 +363,8 @@ def plan_document(store: TunerStore, plan: ReplicaPlan) -> PlanDocument:
         answer=stored_summary_document(store, answer.study) if answer else None,
         utilisation=[share["utilisation"] for share in shares],
         requests_per_replica=[int(share["requests"]) for share in shares],
+        fewest_possible=plan.fewest_possible,
+        floors_below=[floor.line() for floor in plan.floors_below],
         counts=counts,
     )
 

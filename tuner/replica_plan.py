@@ -3,8 +3,10 @@ settings meet the SLOs, found with the study machinery on the simulator.
 
 Each replica count is a study of its own (``STUDY-3x``: every trial runs that many simulated
 replicas behind the router, all with the trial's settings), run only until a trial meets every
-SLO. Counts are tried doubling from 1 until one is met, then bisected down to the smallest; so
-the count below the answer was searched too, and the plan reports it failing. The answer's
+SLO. Counts below the fewest whose latency floors are within the SLOs
+(:func:`fewest_possible`) cannot meet them and are not searched; from there, counts double
+until one is met, then bisect down to the smallest; so the count below the answer was either
+searched too, and the plan reports it failing, or is below that floor. The answer's
 study then runs its remaining trials to find the best settings at that count. Studies are
 stored like any other, so a stopped plan resumes where it stopped.
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 from prefill_tuner.engines.sim.adapter import ReplicatedSimEngine
 from prefill_tuner.engines.sim.cost_model import StepModel
+from prefill_tuner.infeasibility import Floor, latency_floor
 from prefill_tuner.plan import StudyPlan
 from prefill_tuner.report import StudySummary, summarize_stored
 from prefill_tuner.storage.store import TunerStore
@@ -47,6 +50,11 @@ class ReplicaPlan:
     max_replicas: int
     counts: dict[int, CountResult]
     """Replica count → its study's outcome, for every count searched."""
+    fewest_possible: int
+    """The fewest replicas whose latency floors are all within the SLOs: fewer cannot meet
+    them, whatever the settings (:func:`~prefill_tuner.infeasibility.latency_floor`)."""
+    floors_below: list[Floor] = dataclasses.field(default_factory=list)
+    """The floors over their limits with one replica fewer than that (none when it is 1)."""
 
     @property
     def replicas(self) -> int | None:
@@ -61,9 +69,32 @@ class ReplicaPlan:
 
     @property
     def below(self) -> CountResult | None:
-        """The count just below the answer (searched and not met), if the answer is above 1."""
+        """The count just below the answer, if it was searched (not met)."""
         replicas = self.replicas
         return None if replicas is None else self.counts.get(replicas - 1)
+
+
+def fewest_possible(
+    plan: StudyPlan, profile: StepModel, max_replicas: int
+) -> tuple[int | None, list[Floor]]:
+    """The fewest replicas (up to ``max_replicas``) at which no SLO's floor is over its limit,
+    by bisection (the floors only fall as replicas are added), and the floors over their
+    limits one replica fewer (``None``, with those at ``max_replicas``, when none will do)."""
+
+    def unreachable(replicas: int) -> list[Floor]:
+        floors = latency_floor(plan.trace, profile, plan.slos, replicas=replicas)
+        return [floor for floor in floors if floor.unreachable]
+
+    if unreachable(max_replicas):
+        return None, unreachable(max_replicas)
+    low, high = 0, max_replicas  # low: unreachable (0: none tried), high: reachable
+    while high - low > 1:
+        middle = (low + high) // 2
+        if unreachable(middle):
+            low = middle
+        else:
+            high = middle
+    return high, unreachable(low) if low else []
 
 
 def count_study_name(base: str, replicas: int) -> str:
@@ -85,6 +116,9 @@ def plan_replicas(
     ``progress(count, plan, met)``: a progress reporter for the study of ``count`` replicas
     (``met``: a stored trial of it already meets the SLOs)."""
     counts: dict[int, CountResult] = {}
+    fewest, floors_below = fewest_possible(plan, profile, max_replicas)
+    if fewest is None:
+        return ReplicaPlan(router, max_replicas, counts, max_replicas + 1, floors_below)
 
     def search(replicas: int, *, until_feasible: bool) -> CountResult:
         engine = ReplicatedSimEngine(profile, replicas=replicas, router=router)
@@ -97,8 +131,9 @@ def plan_replicas(
         counts[replicas] = result
         return result
 
-    low, high = 0, None  # low: the largest count not met; high: the smallest met
-    replicas = 1
+    # low: the largest count not met (below ``fewest``: by its floors); high: the smallest met
+    low, high = fewest - 1, None
+    replicas = fewest
     while replicas <= max_replicas:
         if search(replicas, until_feasible=True).met:
             high = replicas
@@ -115,7 +150,7 @@ def plan_replicas(
             else:
                 low = middle
         search(high, until_feasible=False)  # the best settings at the answer
-    return ReplicaPlan(router=router, max_replicas=max_replicas, counts=counts)
+    return ReplicaPlan(router, max_replicas, counts, fewest, floors_below)
 
 
 def replica_details(summary: StudySummary) -> list[dict[str, float]]:

@@ -35,7 +35,6 @@ from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.engines.sim.routing import ROUTERS
 from prefill_tuner.errors import TunerError
-from prefill_tuner.infeasibility import latency_floor
 from prefill_tuner.objectives.scoring import ERRORS
 from prefill_tuner.plan import SpaceSpec, StudyPlan, build_plan
 from prefill_tuner.replica_plan import CountResult, ReplicaPlan, plan_replicas, replica_details
@@ -119,12 +118,6 @@ def plan_command(
         trials=trials,
         seed=seed,
     )
-    unreachable = [f for f in latency_floor(plan.trace, step_model, plan.slos) if f.unreachable]
-    if unreachable:
-        err.print("no replica count can meet these SLOs (each request alone on a replica):")
-        for floor in unreachable:
-            err.print(escape(f"  {floor.line()}"), soft_wrap=True)
-        raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
     store = TunerStore(storage)
     quiet_optuna()
     trace_name = "the bundled sample" if trace_file == defaults.SAMPLE_TRACE else str(trace_file)
@@ -195,11 +188,20 @@ def _default_name(trace_file: Path, router: str) -> str:
 def _print_plan(result: ReplicaPlan) -> None:
     out = output_console()
     answer = result.answer
+    if not result.counts:
+        out.print(
+            f"no count up to {_replicas(result.max_replicas)} can meet these SLOs, whatever "
+            "the settings:",
+            soft_wrap=True,
+        )
+        for floor in result.floors_below:
+            out.print(escape(f"  {floor.line()}"), soft_wrap=True)
+        return
     if answer is None:
         last = result.counts[max(result.counts)]
         out.print(
             escape(
-                f"no count up to {result.max_replicas} replicas behind a {result.router} "
+                f"no count up to {_replicas(result.max_replicas)} behind a {result.router} "
                 f"router met every SLO; {_missed(last)}"
             ),
             soft_wrap=True,
@@ -217,6 +219,13 @@ def _print_plan(result: ReplicaPlan) -> None:
     below = result.below
     if below is not None:
         out.print(escape(f"{_replicas(below.replicas)}: {_missed(below)}"), soft_wrap=True)
+    if result.floors_below:
+        out.print(
+            f"{_replicas(result.fewest_possible - 1)} cannot meet them, whatever the settings:",
+            soft_wrap=True,
+        )
+        for floor in result.floors_below:
+            out.print(escape(f"  {floor.line()}"), soft_wrap=True)
     replicas = replica_details(answer.summary)
     if replicas:
         shares = " ".join(f"{share['utilisation']:.0%}" for share in replicas)

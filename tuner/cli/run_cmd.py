@@ -261,7 +261,7 @@ def _why_infeasible(
     floors = latency_floor(plan.trace, profile, plan.slos)
     unreachable = [floor for floor in floors if floor.unreachable]
     if unreachable:
-        err.print("no scheduler setting can meet these SLOs, at any load:", soft_wrap=True)
+        err.print("no scheduler setting can meet these SLOs on one engine:", soft_wrap=True)
         for floor in unreachable:
             err.print(escape(f"  {floor.line()}"), soft_wrap=True)
     closest = next((t for t in summary.closest if t.status != "failed"), None)

@@ -165,6 +165,12 @@ class ConstantProfile(BaseModel):
         """Durations of ``steps`` consecutive plain decode steps."""
         return np.full(steps, self.step_ms / 1000.0)
 
+    def prefill_work_seconds(self, tokens: int, pairs: int) -> float:
+        """A lower bound of the device time any schedule spends prefilling ``tokens`` tokens
+        with ``pairs`` query-key pairs, additive over requests and chunks: none here (a step
+        takes as long whatever it prefills)."""
+        return 0.0
+
 
 class RooflineProfile(BaseModel):
     """Step time from memory traffic and arithmetic, whichever binds (see module docs)."""
@@ -224,6 +230,14 @@ class RooflineProfile(BaseModel):
             + self.per_request_us / 1e6 * shape.requests
             + max(memory, compute)
         ) + self.host_seconds(shape.requests)
+
+    def prefill_work_seconds(self, tokens: int, pairs: int) -> float:
+        """A lower bound of the device time any schedule spends prefilling ``tokens`` tokens
+        with ``pairs`` query-key pairs, additive over requests and chunks: their arithmetic
+        (a step lasts at least its compute, which is linear in both)."""
+        return (self.flops_per_token * tokens + self.attention_flops_per_pair * pairs) / (
+            self.effective_tflops * 1e12
+        )
 
     def decode_run_seconds(self, requests: int, first_context: int, steps: int) -> np.ndarray:
         """Durations of ``steps`` consecutive plain decode steps of ``requests`` requests whose
@@ -325,6 +339,12 @@ class FittedProfile(BaseModel):
         """The host's share of a step of ``requests`` requests (``host_ms``,
         ``host_request_ms``): async scheduling runs it while the previous step computes."""
         return (self.host_ms + self.host_request_ms * requests) / 1000.0
+
+    def prefill_work_seconds(self, tokens: int, pairs: int) -> float:
+        """A lower bound of the device time any schedule spends prefilling ``tokens`` tokens
+        with ``pairs`` query-key pairs, additive over requests and chunks: their linear
+        terms (every coefficient is non-negative)."""
+        return (self.prefill_token_ms * tokens + self.prefill_pair_ms * pairs) / 1000.0
 
     def step_seconds(self, shape: StepShape) -> float:
         # The order of the plain-decode terms is :meth:`decode_run_seconds`'s (same floats).
