@@ -74,6 +74,13 @@ def test_plan_finds_the_fewest_replicas_and_one_less_fails(tune, bursty: Path, t
     assert f"{replicas} replicas behind a least-outstanding router" in (
         trials[0].engine_version.version
     )
+    # Every count's study is done (a count met while searching needed no more trials), and
+    # no worker can take one (its plan, N replicas behind a router, is tune plan's alone).
+    code, out, err = tune("studies", "--storage", storage, "--json")
+    assert code == 0, err
+    assert {s["status"] for s in json.loads(out)["studies"]} == {"done"}
+    code, _, err = tune("worker", "--study", study, "--storage", storage)
+    assert code == 2 and "it runs in tune plan only" in err
     # The same command again resumes: nothing new runs, the same answer.
     code, out, err = tune(*plan_args(bursty, storage))
     assert code == 0, err

@@ -111,8 +111,9 @@ def plan_replicas(
     max_replicas: int,
     progress: Callable[[int, StudyPlan, bool], StudyProgress] | None = None,
 ) -> ReplicaPlan:
-    """Search replica counts 1, 2, 4, … up to ``max_replicas`` until one is met, bisect to
-    the smallest, then finish that count's study (``plan.trials`` trials each).
+    """Search replica counts from the fewest the floors allow (:func:`fewest_possible`),
+    doubling up to ``max_replicas`` until one is met, bisect to the smallest, then finish that
+    count's study (``plan.trials`` trials each).
     ``progress(count, plan, met)``: a progress reporter for the study of ``count`` replicas
     (``met``: a stored trial of it already meets the SLOs)."""
     counts: dict[int, CountResult] = {}
@@ -128,6 +129,14 @@ def plan_replicas(
         reporter = progress(replicas, count_plan, met) if progress else None
         run_study(count_plan, engine, store, reporter, opened, until_feasible=until_feasible)
         result = CountResult(replicas, count_plan.name, summarize_stored(store, count_plan.name))
+        # A count met while searching is done with (``tune studies`` says so); the answer's
+        # study then asks for all its trials.
+        done = until_feasible and result.met
+        store.record_definition(
+            opened[1],
+            result.summary.finished if done else plan.trials,
+            {"runs_in": "tune plan", "replicas": replicas, "router": router},
+        )
         counts[replicas] = result
         return result
 

@@ -68,6 +68,11 @@ def plan_from_record(
     """
     name = record.name
     definition = record.definition
+    if definition is not None and "runs_in" in definition:
+        raise TunerError(
+            f"study {name!r} has no plan for workers: it runs in {definition['runs_in']} only "
+            "(tune plan's studies of a replica count simulate replicas behind a router)"
+        )
     if definition is None or record.target_trials is None:
         raise TunerError(
             f"study {name!r} was recorded by an earlier version of tune: run its `tune run` "
