@@ -377,3 +377,12 @@ def test_a_class_ttft_floor_is_over_its_requests_and_its_tpot_limit_sets_the_rul
     batch = decode_batch(plan)
     assert batch is not None
     assert batch == pytest.approx(max(1.0, trace_stats(trace).output_tokens_per_s * 0.04))
+
+
+def test_tune_simulate_shows_each_class(tune, tmp_path: Path) -> None:
+    trace = _written(_mixed_trace(), tmp_path)
+    code, out, err = tune("simulate", "--trace", str(trace), "--classes", CLASSES)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "class chat 40 requests (40 completed, 0 failed)" in flat
+    assert "class doc 4 requests (4 completed, 0 failed)" in flat

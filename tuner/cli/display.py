@@ -334,6 +334,20 @@ def render_sim_result(trace: Trace, result: SimResult, profile_note: str = "") -
         lambda seconds: f"{seconds * 1000:,.1f}",
     )
     table.add_row("latency", latency)
+    for name, own in metrics.by_class.items():  # what per-class SLOs would judge
+        table.add_row(
+            escape(f"class {name}"),
+            f"{own.requests:,} requests ({own.completed:,} completed, {own.failed:,} failed)",
+        )
+        table.add_row(
+            "",
+            summary_table(
+                "ms",
+                {"TTFT": own.ttft_s, "TPOT": own.tpot_s},
+                ("mean", "p50", "p90", "p99", "max"),
+                lambda seconds: f"{seconds * 1000:,.1f}",
+            ),
+        )
     table.add_row(
         "engine load",
         f"{result.steps:,} steps; {result.preemptions:,} preemptions; peak KV "
