@@ -57,6 +57,15 @@ SloOpt = Annotated[
     list[str], typer.Option("--slo", help="SLO like p99_tpot=50ms or p95_ttft=2s (repeatable).")
 ]
 ModelOpt = Annotated[str, typer.Option("--model", help="Model named in serve lines.")]
+SampledTraceOpt = Annotated[
+    Path,
+    typer.Option(
+        "--trace",
+        help="Trace file to replay (JSONL, Azure or BurstGPT CSV).",
+        show_default="a bundled sample of Mooncake's conversation trace",
+    ),
+]
+"""A trace to tune on, the bundled sample (``defaults.SAMPLE_TRACE``) when none is given."""
 MAX_SEED = 2**32 - 1
 """Seeds go to numpy and Optuna, which take 0..2**32-1."""
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help="Sampler seed.")]

@@ -24,6 +24,7 @@ from prefill_tuner.cli.options import (
     TRACE,
     JsonOpt,
     ModelOpt,
+    SampledTraceOpt,
     SeedOpt,
     SloOpt,
     StorageOpt,
@@ -49,14 +50,7 @@ MAX_REPLICAS = 1024
 @with_options(trace=TRACE, space=SPACE)
 def plan_command(
     slo: SloOpt,
-    trace_file: Annotated[
-        Path,
-        typer.Option(
-            "--trace",
-            help="Trace file to replay (JSONL, Azure or BurstGPT CSV).",
-            show_default="a bundled sample of Mooncake's conversation trace",
-        ),
-    ] = defaults.SAMPLE_TRACE,
+    trace_file: SampledTraceOpt = defaults.SAMPLE_TRACE,
     router: Annotated[
         str,
         typer.Option(

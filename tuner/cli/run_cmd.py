@@ -29,6 +29,7 @@ from prefill_tuner.cli.options import (
     JsonOpt,
     ModelOpt,
     NoReportOpt,
+    SampledTraceOpt,
     ScreenOpt,
     SeedOpt,
     SloOpt,
@@ -57,14 +58,7 @@ from prefill_tuner.worker.definition import definition_of
 @with_options(engine=ENGINE, trace=TRACE, space=SPACE)
 def run_command(
     slo: SloOpt,
-    trace_file: Annotated[
-        Path,
-        typer.Option(
-            "--trace",
-            help="Trace file to replay (JSONL, Azure or BurstGPT CSV).",
-            show_default="a bundled sample of Mooncake's conversation trace",
-        ),
-    ] = defaults.SAMPLE_TRACE,
+    trace_file: SampledTraceOpt = defaults.SAMPLE_TRACE,
     objective: Annotated[
         str,
         typer.Option(
