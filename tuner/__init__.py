@@ -47,6 +47,10 @@ _EXPORTS = {
     "parse_slos": "prefill_tuner.objectives.slo",
     "SimConfig": "prefill_tuner.engines.sim",
     "simulate": "prefill_tuner.engines.sim",
+    "simulate_replicas": "prefill_tuner.engines.sim.replicas",
+    "ReplicaPlan": "prefill_tuner.replica_plan",
+    "plan_replicas": "prefill_tuner.replica_plan",
+    "latency_floor": "prefill_tuner.infeasibility",
     "load_profile": "prefill_tuner.engines.sim",
     "TunerError": "prefill_tuner.errors",
     "SAMPLE_TRACE": "prefill_tuner.defaults",
@@ -60,6 +64,7 @@ __all__ = [
     "Calibration",
     "EngineOptions",
     "EngineRun",
+    "ReplicaPlan",
     "ShapeOptions",
     "SimConfig",
     "Slo",
@@ -78,13 +83,16 @@ __all__ = [
     "calibrate_on_server",
     "capacity_search",
     "export",
+    "latency_floor",
     "load_profile",
     "load_trace",
     "open_study",
     "parse_slos",
+    "plan_replicas",
     "run_study",
     "search_space_for",
     "simulate",
+    "simulate_replicas",
     "summarize_stored",
     "verdict_of",
 ]
@@ -108,10 +116,13 @@ if TYPE_CHECKING:
     from prefill_tuner.engines.base import EngineRun, TrialEngine
     from prefill_tuner.engines.factory import EngineOptions, build_engine
     from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
+    from prefill_tuner.engines.sim.replicas import simulate_replicas
     from prefill_tuner.errors import TunerError
     from prefill_tuner.evaluation import capacity_search, verdict_of
+    from prefill_tuner.infeasibility import latency_floor
     from prefill_tuner.objectives.slo import Slo, parse_slos
     from prefill_tuner.plan import StudyPlan, build_plan, search_space_for
+    from prefill_tuner.replica_plan import ReplicaPlan, plan_replicas
     from prefill_tuner.report import StudySummary, export, summarize_stored
     from prefill_tuner.storage.store import TunerStore
     from prefill_tuner.study import StudyProgress, TrialResult, open_study, run_study
