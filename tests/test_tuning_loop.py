@@ -65,7 +65,14 @@ def check_study(tune, storage: str) -> None:
 
 
 def test_study_on_sqlite(tune, tmp_path: Path) -> None:
-    check_study(tune, f"sqlite:///{tmp_path / 'tune.db'}")
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    check_study(tune, storage)
+    # Another profile's numbers under the same name are refused: one study, one profile.
+    profile = tmp_path / "flat.yaml"
+    profile.write_text("kind: constant\nname: flat-10ms\nstep_ms: 10\n")
+    code, _, err = tune(*run_args(storage, 9, "--profile", str(profile)))
+    assert code == 2 and "different engine" in err and "profile flat-10ms" in err
+    assert len(stored(storage)[1]) == 8
 
 
 def test_study_on_postgresql(tune, postgres_url: str) -> None:

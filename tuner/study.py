@@ -150,6 +150,18 @@ def open_study(
         )
     else:
         changes = definition_changes(record, plan, engine.name)
+        if getattr(engine, "deterministic", False):
+            # A simulated study's numbers are its profile's (and replica count's): one study
+            # must not mix two.
+            ran = {trial.engine_version.version for trial in store.trials(record)}
+            if ran and engine.version not in ran:
+                changes.append(
+                    Change(
+                        "engine",
+                        f"the study's trials ran on {sorted(ran)[0]}, this command's is "
+                        f"{engine.version} (another --profile, replica count or router)",
+                    )
+                )
         if changes:
             what = ", ".join(dict.fromkeys(change.what for change in changes))
             details = "; ".join(change.detail for change in changes)
