@@ -171,11 +171,15 @@ def latency_floor(
             if not alone.size:  # a class without requests is refused before any trial
                 continue
             single = _statistic(alone, slo.statistic)
+            order = np.argsort(arrivals[own], kind="stable")  # windows need arrival order
             queued = max(
                 (
                     _statistic(bound, slo.statistic)
                     for bound in _burst_bounds(
-                        arrivals[own], work[own], alone, profile.request_latency_s
+                        arrivals[own][order],
+                        work[own][order],
+                        alone[order],
+                        profile.request_latency_s,
                     )
                 ),
                 default=single,
@@ -192,7 +196,7 @@ def _burst_bounds(
     """For each window width (and two alignments), a lower bound of the TTFTs' order
     statistics: per window, the j-th smallest TTFT is at least the window's start, plus the
     front end's latency, plus the j smallest works, minus the window's end, and at least the
-    j-th smallest per-request floor. Arrivals ascending."""
+    j-th smallest per-request floor. Arrivals ascending (and not empty)."""
     span = float(arrivals[-1] - arrivals[0])
     width = span * 1.000001 or 1.0
     while width >= MIN_WINDOW_S:
