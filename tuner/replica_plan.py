@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from prefill_tuner.engines.sim.adapter import ReplicatedSimEngine
 from prefill_tuner.engines.sim.cost_model import StepModel
+from prefill_tuner.engines.sim.routing import ROUTERS
+from prefill_tuner.errors import TunerError
 from prefill_tuner.infeasibility import Floor, latency_floor
 from prefill_tuner.plan import StudyPlan
 from prefill_tuner.report import StudySummary, summarize_stored
@@ -35,7 +37,9 @@ class CountResult:
 
     replicas: int
     study: str
+    """The study of this count (``STUDY-3x``)."""
     summary: StudySummary
+    """Its trials so far: the recommended one meets every SLO, else the closest ones."""
 
     @property
     def met(self) -> bool:
@@ -116,6 +120,10 @@ def plan_replicas(
     count's study (``plan.trials`` trials each).
     ``progress(count, plan, met)``: a progress reporter for the study of ``count`` replicas
     (``met``: a stored trial of it already meets the SLOs)."""
+    if router not in ROUTERS:
+        raise TunerError(f"router {router!r}: expected one of {', '.join(ROUTERS)}")
+    if max_replicas < 1:
+        raise TunerError(f"max_replicas {max_replicas}: at least 1 replica")
     counts: dict[int, CountResult] = {}
     fewest, floors_below = fewest_possible(plan, profile, max_replicas)
     if fewest is None:

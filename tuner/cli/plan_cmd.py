@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -37,8 +36,20 @@ from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.engines.sim.routing import ROUTERS
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.scoring import ERRORS
-from prefill_tuner.plan import SpaceSpec, StudyPlan, build_plan
-from prefill_tuner.replica_plan import CountResult, ReplicaPlan, plan_replicas, replica_details
+from prefill_tuner.plan import (
+    SpaceSpec,
+    StudyPlan,
+    build_plan,
+    check_study_name,
+    default_study_name,
+)
+from prefill_tuner.replica_plan import (
+    CountResult,
+    ReplicaPlan,
+    count_study_name,
+    plan_replicas,
+    replica_details,
+)
 from prefill_tuner.report import render_summary
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study import StudyProgress
@@ -98,7 +109,7 @@ def plan_command(
     meet the SLOs, and those settings. Exit code 0: found; 4: not within --max-replicas;
     2: bad input; 130: interrupted (the same command resumes)."""
     err = error_console()
-    if router not in ROUTERS:
+    if router not in ROUTERS:  # before the trace is read
         raise TunerError(f"--router {router!r}: expected one of {', '.join(ROUTERS)}")
     step_model = load_profile(profile)
     plan = build_plan(
@@ -106,12 +117,14 @@ def plan_command(
         trace.at(trace_file),
         space,
         slos=slo,
-        name=study_name or _default_name(trace_file, router),
+        name=study_name or default_study_name(trace_file, f"plan-{router}"),
         storage_url=storage,
         model=model,
         trials=trials,
         seed=seed,
     )
+    # every count's study name must be a study name too (the longest: the most replicas)
+    check_study_name(count_study_name(plan.name, max_replicas), "--study, with its count,")
     store = TunerStore(storage)
     quiet_optuna()
     trace_name = "the bundled sample" if trace_file == defaults.SAMPLE_TRACE else str(trace_file)
@@ -173,10 +186,6 @@ class _CountDisplays:
 
 def _replicas(count: int) -> str:
     return f"{count} replica{'s' if count != 1 else ''}"
-
-
-def _default_name(trace_file: Path, router: str) -> str:
-    return f"{trace_file.stem}-plan-{router}"
 
 
 def _print_plan(result: ReplicaPlan) -> None:
