@@ -179,12 +179,13 @@ NIGHTLY = [
     "command",
     [
         ["run", *SMALL],
+        ["plan", *SMALL],
         ["worker", "--study", "s"],
         NIGHTLY,
         ["pareto"],
         ["export"],
     ],
-    ids=["run", "worker", "nightly", "pareto", "export"],
+    ids=["run", "plan", "worker", "nightly", "pareto", "export"],
 )
 def test_bad_storage_urls_are_one_line_with_the_password_masked(
     tune, url: str, words: str, command: list[str]
