@@ -323,6 +323,25 @@ def test_outputs_that_are_not_regular_files_are_refused(
         assert out.is_char_device()
 
 
+@pytest.mark.parametrize("command", ["run", "plan", "stats"])
+@pytest.mark.parametrize("make", ["fifo", "device"])
+def test_a_trace_that_is_a_device_or_a_pipe_is_refused(
+    tune, tmp_path: Path, make: str, command: str
+) -> None:
+    """A device may never end (``/dev/zero``) and a pipe cannot be read again to check a
+    resumed study's trace: only regular files are traces."""
+    trace = Path("/dev/zero") if make == "device" else tmp_path / "fifo"
+    if make == "fifo":
+        os.mkfifo(trace)
+    args = (
+        ["trace", "stats", str(trace)] if command == "stats" else [command, "--trace", str(trace)]
+    )
+    if command != "stats":
+        args += ["--slo", "p99_ttft=1s", "--storage", f"sqlite:///{tmp_path / 's.db'}"]
+    err = one_line_error(*tune(*args))
+    assert f"{trace}: not a regular file (a device, FIFO or socket)" in err
+
+
 def test_convert_refuses_to_overwrite_its_own_source(tune, tmp_path: Path) -> None:
     source = tmp_path / "a.csv"
     source.write_bytes(AZURE.read_bytes())

@@ -32,6 +32,7 @@ import itertools
 import json
 import math
 import re
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date
@@ -83,10 +84,7 @@ def read_trace(path: str | Path, format: str | None = None, *, sort: bool = Fals
     (stably) and the number of requests that were out of order is recorded.
     """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"cannot read the file: {exc.strerror or exc}", path=path) from None
+    data = _read_file(path)
     text = _decode(data, path)
     if not text.strip():
         raise TraceError("the file is empty: a trace needs at least one request", path=path)
@@ -113,11 +111,21 @@ def read_trace(path: str | Path, format: str | None = None, *, sort: bool = Fals
 def detect_format(path: str | Path) -> str:
     """The reader name (``jsonl``, ``azure`` or ``burstgpt``) that fits the file's content."""
     path = Path(path)
+    return detect_format_of_text(_decode(_read_file(path), path), path)
+
+
+def _read_file(path: Path) -> bytes:
+    """The trace's bytes. Only a regular file: a device or a pipe may never end (``/dev/zero``)
+    and cannot be read again to check a resumed study's trace (its sha256)."""
     try:
-        data = path.read_bytes()
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            raise TraceError(
+                "not a regular file (a device, FIFO or socket): give a trace file", path=path
+            )
+        return path.read_bytes()
     except OSError as exc:
         raise TraceError(f"cannot read the file: {exc.strerror or exc}", path=path) from None
-    return detect_format_of_text(_decode(data, path), path)
 
 
 def detect_format_of_text(text: str, path: str | Path) -> str:
