@@ -154,8 +154,11 @@ def _space(record: StudyRecord, definition: dict[str, Any], engine: TrialEngine)
 
 def _check_trace(path: str, record: StudyRecord) -> None:
     """The trace file must be the one the study was created with, byte for byte."""
+    file = Path(path)
     try:
-        data = Path(path).read_bytes()
+        if file.exists() and not file.is_file():  # a device may never end (``/dev/zero``)
+            raise OSError(0, "not a regular file: a directory, device, FIFO or socket")
+        data = file.read_bytes()
     except OSError as exc:
         raise TunerError(
             f"{path}: the trace of study {record.name!r} cannot be read on this machine "
