@@ -19,6 +19,7 @@ import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
 from prefill_tuner.errors import TunerError
+from prefill_tuner.files import read_input
 from prefill_tuner.search_spaces.knobs import KNOBS, Knob
 
 THRESHOLD_SUFFIX = "_log2"
@@ -322,11 +323,10 @@ def parse_value(text: str) -> Any:
 def load_space_file(path: str | Path) -> dict[str, str]:
     """A YAML file of ``knob: LOW..HIGH`` (or ``[LOW, HIGH]``, booleans as a list)."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_input(path).decode("utf-8"))
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise TunerError(
-            f"{path}: cannot read the space file: {str(exc).splitlines()[0]}"
-        ) from None
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise TunerError(f"{path}: cannot read the space file: {reason}") from None
     if not isinstance(data, dict):
         raise TunerError(f"{path}: expected a mapping of knob: range")
     result: dict[str, str] = {}

@@ -323,23 +323,33 @@ def test_outputs_that_are_not_regular_files_are_refused(
         assert out.is_char_device()
 
 
-@pytest.mark.parametrize("command", ["run", "plan", "stats"])
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        (["run", *SMALL, "--trace", "{input}", "--storage", "{db}"], "cannot read the file"),
+        (["plan", *SMALL, "--trace", "{input}", "--storage", "{db}"], "cannot read the file"),
+        (["trace", "stats", "{input}"], "cannot read the file"),
+        (
+            ["run", *SMALL, "--space-file", "{input}", "--storage", "{db}"],
+            "cannot read the space file",
+        ),
+        (["simulate", "--trace", str(AZURE), "--profile", "{input}"], "cannot read the profile"),
+        (["diagnose", "--steps", "{input}"], "cannot read the step trace"),
+    ],
+    ids=["run", "plan", "stats", "space-file", "profile", "steps"],
+)
 @pytest.mark.parametrize("make", ["fifo", "device"])
-def test_a_trace_that_is_a_device_or_a_pipe_is_refused(
-    tune, tmp_path: Path, make: str, command: str
+def test_an_input_that_is_a_device_or_a_pipe_is_refused(
+    tune, tmp_path: Path, make: str, command: list[str], words: str
 ) -> None:
-    """A device may never end (``/dev/zero``) and a pipe cannot be read again to check a
-    resumed study's trace: only regular files are traces."""
-    trace = Path("/dev/zero") if make == "device" else tmp_path / "fifo"
+    """A device may never end (``/dev/zero`` once hung every reader) and a pipe cannot be read
+    again to check a resumed study's trace: inputs are regular files."""
+    path = Path("/dev/zero") if make == "device" else tmp_path / "fifo"
     if make == "fifo":
-        os.mkfifo(trace)
-    args = (
-        ["trace", "stats", str(trace)] if command == "stats" else [command, "--trace", str(trace)]
-    )
-    if command != "stats":
-        args += ["--slo", "p99_ttft=1s", "--storage", f"sqlite:///{tmp_path / 's.db'}"]
+        os.mkfifo(path)
+    args = [arg.format(input=path, db=f"sqlite:///{tmp_path / 's.db'}") for arg in command]
     err = one_line_error(*tune(*args))
-    assert f"{trace}: not a regular file (a device, FIFO or socket)" in err
+    assert f"{path}: {words}: not a regular file (a device, FIFO or socket)" in err
 
 
 def test_convert_refuses_to_overwrite_its_own_source(tune, tmp_path: Path) -> None:

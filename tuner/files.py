@@ -1,5 +1,6 @@
-"""Writing output files so that they appear whole or not at all: the one writer every command
-uses (traces, exports, reports, step traces)."""
+"""Reading input files, and writing output files so that they appear whole or not at all: the
+one reader and the one writer every command uses (traces, profiles, space files, step traces,
+exports, reports)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ WRITE_FAILURES = frozenset(
     {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS, errno.EPIPE}
 )
 """Errors of the system, not of the user's input: a full disk, a read-only file system..."""
+
+
+def read_input(path: str | Path) -> bytes:
+    """A regular file's bytes; :class:`OSError` (with a ``strerror`` to quote) for anything
+    else: a device may never end (``/dev/zero``) and a pipe cannot be read twice."""
+    file = Path(path)
+    if file.exists() and not file.is_file() and not file.is_dir():  # read_bytes names a dir
+        raise OSError(errno.EINVAL, "not a regular file (a device, FIFO or socket)")
+    return file.read_bytes()
 
 
 def check_output(path: str | Path, inputs: Sequence[str | Path] = ()) -> Path:

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from prefill_tuner.errors import TunerError
+from prefill_tuner.files import read_input
 from prefill_tuner.objectives.scoring import ERRORS
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
 from prefill_tuner.plan import SCREEN_SUFFIX, check_study_name
@@ -156,7 +157,7 @@ def study_trace(record: StudyRecord) -> tuple[Trace | None, str | None]:
     unchanged (else ``None`` and why)."""
     path = Path(record.trace_path)
     try:
-        data = path.read_bytes()
+        data = read_input(path)
     except OSError as exc:
         return None, f"the study's trace {path} cannot be read here ({exc.strerror or exc})"
     if hashlib.sha256(data).hexdigest() != record.trace_sha256:

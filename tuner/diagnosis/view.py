@@ -22,6 +22,7 @@ from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.engine import StepRecord, simulate
 from prefill_tuner.errors import TunerError
+from prefill_tuner.files import read_input
 from prefill_tuner.objectives.metrics import RequestRecord
 from prefill_tuner.timeline import Step, real_steps, sim_step
 from prefill_tuner.trace.model import Trace
@@ -130,10 +131,11 @@ def logged_view(
     replay's clock and each gets a waiting count from the records: requests sent and not yet
     at their first token (queued or in prefill: the log has no queue)."""
     try:
-        lines = steps_file.read_text(encoding="utf-8").splitlines()
+        lines = read_input(steps_file).decode("utf-8").splitlines()
         raw = [json.loads(line) for line in lines if line.strip()]
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise TunerError(f"{steps_file}: cannot read the step trace: {exc}") from None
+        reason = getattr(exc, "strerror", None) or exc
+        raise TunerError(f"{steps_file}: cannot read the step trace: {reason}") from None
     steps = []
     for number, line in enumerate(raw):
         try:

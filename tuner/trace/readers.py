@@ -32,7 +32,6 @@ import itertools
 import json
 import math
 import re
-import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from prefill_tuner.errors import TraceError
+from prefill_tuner.files import read_input
 from prefill_tuner.trace.classes import CLASS_NAME_RULE, is_class_name
 from prefill_tuner.trace.model import Adjustment, Request, Trace, TraceSource
 
@@ -115,15 +115,9 @@ def detect_format(path: str | Path) -> str:
 
 
 def _read_file(path: Path) -> bytes:
-    """The trace's bytes. Only a regular file: a device or a pipe may never end (``/dev/zero``)
-    and cannot be read again to check a resumed study's trace (its sha256)."""
+    """The trace's bytes (a regular file only: see :func:`~prefill_tuner.files.read_input`)."""
     try:
-        mode = path.stat().st_mode
-        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-            raise TraceError(
-                "not a regular file (a device, FIFO or socket): give a trace file", path=path
-            )
-        return path.read_bytes()
+        return read_input(path)
     except OSError as exc:
         raise TraceError(f"cannot read the file: {exc.strerror or exc}", path=path) from None
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
+from prefill_tuner.files import read_input
 from prefill_tuner.objectives.slo import parse_slos
 from prefill_tuner.plan import StudyPlan
 from prefill_tuner.search_spaces.space import Dropped, KnobRange, SearchSpace, knob_availability
@@ -154,11 +154,8 @@ def _space(record: StudyRecord, definition: dict[str, Any], engine: TrialEngine)
 
 def _check_trace(path: str, record: StudyRecord) -> None:
     """The trace file must be the one the study was created with, byte for byte."""
-    file = Path(path)
     try:
-        if file.exists() and not file.is_file():  # a device may never end (``/dev/zero``)
-            raise OSError(0, "not a regular file: a directory, device, FIFO or socket")
-        data = file.read_bytes()
+        data = read_input(path)
     except OSError as exc:
         raise TunerError(
             f"{path}: the trace of study {record.name!r} cannot be read on this machine "

@@ -50,6 +50,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from prefill_tuner.errors import TunerError
+from prefill_tuner.files import read_input
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -416,8 +417,9 @@ def load_profile(name_or_path: str) -> StepModel:
             )
         path = shipped
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_input(path).decode("utf-8")
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-        raise TunerError(f"{path}: cannot read the profile: {str(exc).splitlines()[0]}") from None
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise TunerError(f"{path}: cannot read the profile: {reason}") from None
     return profile_from_record(data, str(path))
