@@ -81,6 +81,14 @@ def test_plan_finds_the_fewest_replicas_and_one_less_fails(tune, bursty: Path, t
     assert {s["status"] for s in json.loads(out)["studies"]} == {"done"}
     code, _, err = tune("worker", "--study", study, "--storage", storage)
     assert code == 2 and "it runs in tune plan only" in err
+    # Diagnosis and the report show a replica's run (the busiest), not one engine's.
+    code, out, err = tune("diagnose", "--study", study, "--storage", storage)
+    assert code == 0, err
+    assert f"of {replicas} behind a least-outstanding router (the busiest:" in out
+    page = tmp_path / "plan.html"
+    code, _, err = tune("report", "--study", study, "--storage", storage, "-o", str(page))
+    assert code == 0, err
+    assert f"of {replicas} behind a least-outstanding router" in page.read_text()
     # The same command again resumes: nothing new runs, the same answer.
     code, out, err = tune(*plan_args(bursty, storage))
     assert code == 0, err

@@ -4,6 +4,7 @@ trial kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -12,6 +13,7 @@ from prefill_tuner.diagnosis.detectors import Finding, diagnose
 from prefill_tuner.diagnosis.view import RunView, logged_view, simulated_view
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import profile_from_record
+from prefill_tuner.engines.sim.replicas import simulate_replicas
 from prefill_tuner.errors import TunerError
 from prefill_tuner.report import study_trace
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
@@ -42,10 +44,31 @@ def trial_view(record: StudyRecord, trial: TrialRecord, trace: Trace | None = No
 @functools.lru_cache(maxsize=2)
 def _simulated_view(trace: Trace, resolved_json: str) -> RunView:
     """A simulated trial's run, kept for the next caller: ``tune run`` diagnoses the baseline
-    and its report then draws it (one simulation, not two)."""
+    and its report then draws it (one simulation, not two). A trial of several replicas
+    (``tune plan``) shows its busiest replica's run: the replicas are routed again, and that
+    replica's share of the trace simulated alone (exactly its schedule: see
+    ``engines/sim/replicas.py``)."""
     resolved = json.loads(resolved_json)
     config = SimConfig(**{k: v for k, v in resolved.items() if k in SimConfig.model_fields})
-    return simulated_view(trace, config, profile_from_record(resolved["profile"]))
+    profile = profile_from_record(resolved["profile"])
+    replicas, router = int(resolved.get("replicas", 1)), resolved.get("router")
+    if replicas <= 1 or router is None:
+        return simulated_view(trace, config, profile)
+    routed = simulate_replicas(trace, config, profile, replicas=replicas, router=router)
+    busiest = max(range(replicas), key=lambda index: routed.replicas[index].busy_s)
+    share = tuple(
+        request
+        for request, replica in zip(trace.requests, routed.assignment, strict=True)
+        if replica == busiest
+    )
+    served = dataclasses.replace(trace, requests=share)
+    view = simulated_view(served, config, profile)
+    return dataclasses.replace(
+        view,
+        share=served,
+        source=f"{view.source}, replica {busiest} of {replicas} behind a {router} router "
+        f"(the busiest: {len(share):,} of {len(trace.requests):,} requests)",
+    )
 
 
 def trial_findings(record: StudyRecord, trial: TrialRecord) -> tuple[list[Finding], str | None]:

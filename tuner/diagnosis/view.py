@@ -57,6 +57,9 @@ class RunView:
     records: list[RequestRecord] = field(default_factory=list, repr=False)
     """The requests' own records, where the run kept them (a simulation does): with the
     steps, what the report's timeline is built from."""
+    share: Trace | None = field(default=None, repr=False)
+    """The requests the run served when they are not the study's whole trace (one replica's
+    share of a ``tune plan`` trial); ``records`` are theirs, in this order."""
 
     @property
     def budget(self) -> int:

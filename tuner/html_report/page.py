@@ -141,9 +141,12 @@ def trial_run(
         view = trial_view(record, trial, trace)
     except TunerError as exc:
         return stored, [], None if stored is not None else str(exc)
-    if stored is None and view.records and trace is not None:
-        stored = build_timeline(trace, view.records, view.steps)
+    served = view.share or trace  # a tune plan trial: its busiest replica's requests
+    if stored is None and view.records and served is not None:
+        stored = build_timeline(served, view.records, view.steps)
     note = None if stored is not None else "this trial kept no timeline"
+    if view.share is not None:
+        note = f"drawn from {view.source}"
     return stored, diagnose(view), note
 
 

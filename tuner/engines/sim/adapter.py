@@ -149,6 +149,8 @@ class ReplicatedSimEngine(SimEngine):
             trace, config, self.profile, replicas=self.replicas, router=self.router
         )
         run = self._engine_run(config, replicated.result)
+        # the deployment is part of what the run used (diagnosis rebuilds a replica's run)
+        run.resolved_config.update(replicas=self.replicas, router=self.router)
         run.details["replicas"] = [
             {**stats.as_dict(), "utilisation": share}
             for stats, share in zip(replicated.replicas, replicated.utilisation(), strict=True)
