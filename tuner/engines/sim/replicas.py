@@ -86,10 +86,10 @@ def simulate_replicas(
     for loop in loops:
         loop.scheduler.retired = []
     runs: list[Iterator[int] | None] = [loop.steps() for loop in loops]
+    # Per replica: requests sent whose last token the router does not have yet; and a heap of
+    # when each finished request's last token reaches the router.
     outstanding = [0] * replicas
-    """Per replica: requests sent whose last token the router does not have yet."""
     returning: list[list[int]] = [[] for _ in range(replicas)]
-    """Per replica, a heap: when each finished request's last token reaches the router."""
     sent = [0] * replicas
     assignment = [-1] * len(requests)
     for request in accepted:
