@@ -341,7 +341,7 @@ def plan_document(store: TunerStore, plan: ReplicaPlan) -> PlanDocument:
     """The document of a replica plan, its studies read from ``store``."""
     counts = []
     for replicas, result in sorted(plan.counts.items()):
-        closest = next((t for t in result.summary.closest if t.status != "failed"), None)
+        closest = result.summary.closest_measured
         frozen = {t.number: t for t in optuna_trials(store, result.study)} if closest else {}
         counts.append(
             ReplicaCountDocument(

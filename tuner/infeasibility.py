@@ -163,6 +163,7 @@ def latency_floor(
         StepShape(decode_tokens=1, requests=1, decode_context_tokens=1)
     ) - profile.host_seconds(1)
     classes = np.array([r.traffic_class for r in trace.requests], dtype=object)
+    bounds: dict[str | None, list[np.ndarray]] = {}  # per class: its burst bounds, once
     floors = []
     for slo in slos:
         if slo.metric == "ttft":
@@ -170,18 +171,19 @@ def latency_floor(
             alone = ttft[own]
             if not alone.size:  # a class without requests is refused before any trial
                 continue
-            single = _statistic(alone, slo.statistic)
-            order = np.argsort(arrivals[own], kind="stable")  # windows need arrival order
-            queued = max(
-                (
-                    _statistic(bound, slo.statistic)
-                    for bound in _burst_bounds(
+            if slo.traffic_class not in bounds:
+                order = np.argsort(arrivals[own], kind="stable")  # windows need arrival order
+                bounds[slo.traffic_class] = list(
+                    _burst_bounds(
                         arrivals[own][order],
                         work[own][order],
                         alone[order],
                         profile.request_latency_s,
                     )
-                ),
+                )
+            single = _statistic(alone, slo.statistic)
+            queued = max(
+                (_statistic(bound, slo.statistic) for bound in bounds[slo.traffic_class]),
                 default=single,
             )
             floors.append(Floor(slo, single, queued))

@@ -17,6 +17,7 @@ the report says how many settings were tried and how close the best came.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -85,6 +86,7 @@ def fewest_possible(
     by bisection (the floors only fall as replicas are added), and the floors over their
     limits one replica fewer (``None``, with those at ``max_replicas``, when none will do)."""
 
+    @functools.cache  # each count's floors once
     def unreachable(replicas: int) -> list[Floor]:
         floors = latency_floor(plan.trace, profile, plan.slos, replicas=replicas)
         return [floor for floor in floors if floor.unreachable]

@@ -58,6 +58,11 @@ class StudySummary:
     the simulator predicted."""
     predicted_trials: int = 0
 
+    @property
+    def closest_measured(self) -> TrialRecord | None:
+        """The closest trial that ran to the end (a failed one measured nothing)."""
+        return next((t for t in self.closest if t.status != "failed"), None)
+
 
 def summarize_study(
     study: optuna.Study, record: StudyRecord, trials: Sequence[TrialRecord]

@@ -250,7 +250,7 @@ def _print_plan(result: ReplicaPlan) -> None:
 def _missed(result: CountResult) -> str:
     """Why a count was not met: how many settings were tried and how close the best came."""
     tried = result.summary.finished
-    closest = next((t for t in result.summary.closest if t.status != "failed"), None)
+    closest = result.summary.closest_measured
     if closest is None:
         return f"none of {tried} settings ran to the end"
     binding = max(closest.constraints, key=lambda name: closest.constraints[name])

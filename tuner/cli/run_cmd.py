@@ -258,7 +258,7 @@ def _why_infeasible(
         err.print("no scheduler setting can meet these SLOs on one engine:", soft_wrap=True)
         for floor in unreachable:
             err.print(escape(f"  {floor.line()}"), soft_wrap=True)
-    closest = next((t for t in summary.closest if t.status != "failed"), None)
+    closest = summary.closest_measured
     if closest is not None:
         err.print(
             f"searching the highest request rate trial {closest.trial_number}'s settings meet "
