@@ -20,6 +20,7 @@ from tests.conftest import vllm_python
 from tests.test_real_engine_study import KV_BYTES, SERVER_ARGS, processes_using
 
 HELD_OUT_BOUND = 0.45
+STEP_COUNT_BOUND = 0.2
 
 
 def test_calibrate_on_a_real_server(tmp_path: Path, tune, monkeypatch) -> None:
@@ -68,10 +69,12 @@ def test_calibrate_on_a_real_server(tmp_path: Path, tune, monkeypatch) -> None:
     assert report["held_out"]["median"] < HELD_OUT_BOUND
     assert profile.prefill_token_ms > 0 and profile.base_ms > 0
     (replay,) = report["replays"]
-    # The calibration replay, simulated with its own profile: the same number of steps (the
-    # scheduler is vLLM's; the front end decides how a burst is spread over admissions) and
-    # the same order of magnitude of p50 TPOT.
-    assert abs(replay["sim_steps"] / replay["real_steps"] - 1) < 0.1
+    # The calibration replay, simulated with its own profile: about the same number of steps
+    # (the scheduler is vLLM's) and the same order of magnitude of p50 TPOT. The front end
+    # decides how a burst is spread over admissions, and it is not in the profile: across 10
+    # calibrations on 2 cores (4 of them beside a process spinning on one core), simulated /
+    # real - 1 ranged from -11% (974 / 1098 steps) to +8%. A clock 1.5× too slow: -25%.
+    assert abs(replay["sim_steps"] / replay["real_steps"] - 1) < STEP_COUNT_BOUND
     assert 1 / 3 < replay["sim_p50_tpot_s"] / replay["real_p50_tpot_s"] < 3
     assert "held-out step time" not in out  # --json prints JSON alone
     assert not processes_using(model)
