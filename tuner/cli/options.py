@@ -167,7 +167,12 @@ ENGINE = OptionGroup(
             "profile",
             Annotated[
                 str,
-                _option("--profile", "Simulator step-time profile (name or file).", ENGINE_PANEL),
+                _option(
+                    "--profile",
+                    "Simulator step-time profile (name or file); with --engine vllm, the one "
+                    "that screens (--screen) and explains a study nothing met.",
+                    ENGINE_PANEL,
+                ),
             ],
             defaults.PROFILE,
         ),

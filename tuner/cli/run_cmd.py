@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -43,13 +44,13 @@ from prefill_tuner.diagnosis.sources import trial_findings
 from prefill_tuner.documents import stored_summary_document
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.factory import EngineOptions, build_engine
-from prefill_tuner.engines.sim.cost_model import load_profile
+from prefill_tuner.engines.sim.cost_model import StepModel, load_profile
 from prefill_tuner.files import check_output
 from prefill_tuner.html_report import write_report
 from prefill_tuner.infeasibility import latency_floor, rate_headroom
 from prefill_tuner.plan import SpaceSpec, StudyPlan, build_plan
 from prefill_tuner.report import StudySummary, render_summary, summarize_stored
-from prefill_tuner.screening import give_profile, run_screened_study
+from prefill_tuner.screening import give_profile, run_screened_study, stand_in
 from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.study import baseline_outside, open_study, run_study
 from prefill_tuner.worker.definition import definition_of
@@ -160,8 +161,8 @@ def run_command(
     quiet_optuna()
     opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
     store.record_definition(opened[1], trials, definition_of(plan, sort=trace.sort))
-    if screen and given_profile is not None:
-        give_profile(opened[0], given_profile)
+    if given_profile is not None and trial_engine.name != "sim":
+        give_profile(opened[0], given_profile)  # screening's, and the explanation's below
     if bundled:
         err.print(
             "no --trace given: tuning on the bundled sample (4 minutes of the Mooncake "
@@ -227,7 +228,9 @@ def run_command(
     if not interrupted:
         try:
             with stop_signals(err):  # a stop now leaves no half-written report behind
-                _why_infeasible(plan, trial_engine, summary, err)
+                _why_infeasible(
+                    plan, trial_engine, summary, err, lambda: stand_in(store, opened[0])
+                )
                 _explain(summary, plan.name, storage, err)
                 if report_path is not None and summary.finished:
                     path = write_report(store, plan.name, report_path)
@@ -245,28 +248,50 @@ def run_command(
 
 
 def _why_infeasible(
-    plan: StudyPlan, engine: TrialEngine, summary: StudySummary, err: Console
+    plan: StudyPlan,
+    engine: TrialEngine,
+    summary: StudySummary,
+    err: Console,
+    real_stand_in: Callable[[], TrialEngine | None],
 ) -> None:
-    """When nothing met the SLOs on the simulator: whether any setting could at this load,
-    and up to what load the closest trial's settings do."""
-    profile = getattr(engine, "profile", None)
-    if summary.recommended is not None or profile is None or plan.objective_mode != "latency":
+    """When nothing met the SLOs: whether any setting could at this load, and up to what load
+    the closest trial's settings do, on the simulator (for a real server, its stand-in: the
+    simulator with the study's profile on the server's config)."""
+    if summary.recommended is not None or plan.objective_mode != "latency":
         return
+    simulated = getattr(engine, "profile", None) is not None
+    explainer = engine if simulated else real_stand_in()
+    profile = getattr(explainer, "profile", None)
+    if explainer is None or profile is None:
+        err.print(
+            "whether any setting could meet these SLOs on this server: calibrate the "
+            "simulator to it (tune calibrate) and give the profile with --profile",
+            soft_wrap=True,
+        )
+        return
+    words = _profile_words(profile)
+    by = "" if simulated else f", by the simulator with profile {words}"
     floors = latency_floor(plan.trace, profile, plan.slos)
     unreachable = [floor for floor in floors if floor.unreachable]
     if unreachable:
-        err.print("no scheduler setting can meet these SLOs on one engine:", soft_wrap=True)
+        where = "on one engine" if simulated else "on this server"
+        err.print(escape(f"no scheduler setting can meet these SLOs {where}{by}:"), soft_wrap=True)
         for floor in unreachable:
             err.print(escape(f"  {floor.line()}"), soft_wrap=True)
     closest = summary.closest_measured
     if closest is not None:
+        runs = "the simulator"
+        if not simulated:
+            runs = "that simulator" if unreachable else f"the simulator with profile {words}"
         err.print(
-            f"searching the highest request rate trial {closest.trial_number}'s settings meet "
-            "the SLOs at (a few simulated runs of the trace)...",
+            escape(
+                f"searching the highest request rate trial {closest.trial_number}'s settings "
+                f"meet the SLOs at (a few runs of the trace on {runs})..."
+            ),
             soft_wrap=True,
         )
         headroom = rate_headroom(
-            engine,
+            explainer,
             plan.trace,
             closest.settings,
             plan.slos,
@@ -275,6 +300,14 @@ def _why_infeasible(
             tolerance=plan.capacity_tolerance,
         )
         err.print(escape(headroom.line()), soft_wrap=True)
+
+
+def _profile_words(profile: StepModel) -> str:
+    """A profile's name and how far to trust it: estimated, or calibrated and how close."""
+    provenance = profile.provenance
+    error = (provenance.held_out_error or {}).get("median")
+    trust = provenance.kind + (f", held-out step-time error {error:.0%}" if error else "")
+    return f"{profile.name} ({trust})"
 
 
 def _explain(summary: StudySummary, study: str, storage: str, err: Console) -> None:
