@@ -71,3 +71,44 @@ def test_the_readme_trace_keeps_ttft_at_the_defaults_level(tune, tmp_path: Path)
     base_ttft = summary.baseline.objectives["p99_ttft"]
     if any(t.objectives["p99_ttft"] <= base_ttft for t in summary.pareto):
         assert summary.recommended.objectives["p99_ttft"] <= base_ttft * 1.005
+
+
+def classed(
+    number: int, ttft: float, chat: float, doc: float, *, unclassed: int = 0, baseline=False
+) -> TrialRecord:
+    """A trial on a trace of 40 chats and 4 documents (and ``unclassed`` requests of no
+    class): the class-less p99 TTFT is the documents'."""
+    objectives = {"p99_ttft": ttft, "p99_ttft[chat]": chat, "p99_ttft[doc]": doc}
+    return TrialRecord(
+        trial_number=number,
+        is_baseline=baseline,
+        objectives=objectives,
+        metrics={
+            "requests": 44 + unclassed,
+            "by_class": {"chat": {"requests": 40}, "doc": {"requests": 4}},
+        },
+        status="complete",
+    )
+
+
+def test_a_statistic_every_class_has_an_slo_on_is_left_to_those_slos() -> None:
+    """Chats promised 300 ms and documents 5 s: the setting that keeps chats far inside their
+    limit by letting documents wait (within theirs) is recommended, though the whole trace's
+    p99 TTFT, which the documents decide, gets worse than the defaults'."""
+    names = ["p99_ttft", "p99_ttft[chat]", "p99_ttft[doc]"]
+    limits = {"p99_ttft[chat]": 0.3, "p99_ttft[doc]": 5.0}
+
+    def chosen(unclassed: int = 0, slos: dict[str, float] = limits) -> int:
+        base = classed(0, 1.0, 0.5, 1.0, unclassed=unclassed, baseline=True)
+        tight = classed(1, 1.1, 0.28, 1.1, unclassed=unclassed)  # chats at 93% of their limit
+        roomy = classed(2, 2.0, 0.06, 2.0, unclassed=unclassed)  # chats at 20%, documents 40%
+        measured = [name for name in names if "[" not in name or name in slos]  # as a study's
+        pick = recommend([tight, roomy], base, measured, ["minimize"] * len(measured), slos)
+        assert pick is not None
+        return pick.trial_number
+
+    assert chosen() == 2
+    # Requests of no class, or a class without a TTFT SLO: the whole trace's p99 TTFT is
+    # what protects them, against the defaults' (2.0 s is twice the baseline's 1.0 s).
+    assert chosen(unclassed=3) == 1
+    assert chosen(slos={"p99_ttft[chat]": 0.3}) == 1

@@ -7,6 +7,12 @@ Each objective becomes a ratio where 1 is the bar: an SLO'd statistic against it
 So with only a TPOT SLO, a setting that buys TPOT headroom nobody asked for by doubling TTFT
 (ratio 2) loses to one that keeps TTFT at the defaults' level (ratio ≤ 1) whenever such a
 setting is on the front; with every objective SLO'd it is the setting furthest inside all SLOs.
+
+A class-less statistic that every traffic class has an SLO on (and every request has a class)
+is left to those SLOs: with ``p99_ttft[interactive]=300ms`` and ``p99_ttft[longdoc]=2s`` the
+user allowed documents to wait up to 2 s, and the whole trace's p99 TTFT, which the documents
+decide, held to the defaults' level would undo that trade (it picked the setting with the least
+room for the chats).
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from prefill_tuner.storage.models import TrialRecord
 
 RULE = (
     "smallest worst ratio over every objective: an SLO'd one against its limit, any other "
-    "against the engine defaults (the baseline); ties go to the next worst ratio, then the "
-    "earlier trial"
+    "against the engine defaults (the baseline), unless every traffic class has an SLO on it; "
+    "ties go to the next worst ratio, then the earlier trial"
 )
 """The rule, as every output that names a recommendation states it."""
 
@@ -33,13 +39,17 @@ def references(
     baseline: TrialRecord | None,
     limits: Mapping[str, float],
 ) -> dict[str, float]:
-    """What each objective is measured against: its SLO limit; else the baseline's value when
-    the baseline ran (a failed one has none); else the best value on the front."""
+    """What each objective is measured against: its SLO limit; else nothing when each traffic
+    class has its own SLO on it (:func:`left_to_classes`); else the baseline's value when the
+    baseline ran (a failed one has none); else the best value on the front."""
     measured = baseline is not None and baseline.status != "failed"
+    classes = traffic_classes([t for t in (baseline, *pareto) if t is not None])
     result: dict[str, float] = {}
     for name in objectives:
         if name in limits:
             result[name] = limits[name]
+            continue
+        if left_to_classes(name, classes, limits):
             continue
         value = baseline.objectives.get(name) if measured and baseline else None
         if value is None or not math.isfinite(value) or value <= 0:
@@ -49,6 +59,25 @@ def references(
         if value is not None:
             result[name] = value
     return result
+
+
+def traffic_classes(trials: Sequence[TrialRecord]) -> tuple[str, ...]:
+    """The trace's traffic classes, from a trial that measured them; empty when some request
+    has no class (the class SLOs then leave those requests unprotected)."""
+    for trial in trials:
+        metrics = trial.metrics or {}
+        by_class = metrics.get("by_class") or {}
+        if by_class and metrics.get("requests") is not None:
+            classed = sum(int(own.get("requests") or 0) for own in by_class.values())
+            return tuple(sorted(by_class)) if classed == metrics["requests"] else ()
+    return ()
+
+
+def left_to_classes(name: str, classes: Sequence[str], limits: Mapping[str, float]) -> bool:
+    """Whether class-less objective ``name`` (``p99_ttft``) has an SLO in every one of the
+    trace's ``classes`` (``p99_ttft[interactive]``, ...): those limits say how much of it each
+    class may have, so it gets no bar of its own."""
+    return bool(classes) and all(f"{name}[{cls}]" in limits for cls in classes)
 
 
 def ratios(
