@@ -430,14 +430,17 @@ def test_the_secret_check_catches_secrets() -> None:
 
 # --- the wrapper's behaviour, with a fake `tune` ------------------------------------------------
 FAKE_TUNE = """#!{python}
-import json, os, sys, time
+import json, os, signal, sys, time
 from pathlib import Path
+
+# As tune, which sets its own handlers: a Ctrl-C raises even where the shell ignored SIGINT.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 out = Path(os.environ["FAKE_OUT"])
 out.write_text(json.dumps(sys.argv[1:]))
 if os.environ.get("FAKE_WAIT"):  # as tune: Ctrl-C (SIGINT) ends in 130, SIGTERM kills
-    Path(str(out) + ".ready").touch()
     try:
+        Path(str(out) + ".ready").touch()
         time.sleep(30)
     except KeyboardInterrupt:
         Path(str(out) + ".interrupted").touch()

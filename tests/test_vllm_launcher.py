@@ -91,7 +91,9 @@ def test_a_flag_vllm_rejects_is_a_classified_start_failure(spec: ServerSpec) -> 
 def _child(spec: ServerSpec) -> subprocess.Popen[str]:
     """A stand-in tuner: starts the server, reports its group, then waits to be stopped."""
     code = (
-        "import sys, time, json\n"
+        "import json, signal, sys, time\n"
+        # A Ctrl-C raises, as in the tuner, even where the test's parent ignored SIGINT.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from pathlib import Path\n"
         "from prefill_tuner.engines.real.launcher import ServerSpec, VllmServer\n"
         f"spec = ServerSpec(model={spec.model!r}, args={list(spec.args)!r}, "

@@ -62,7 +62,9 @@ def test_the_process_ends_with_the_tuner(tmp_path: Path, how: signal.Signals) ->
     """Killed outright, the tuner cannot stop it: it stops at the end of its input."""
     model = str(write_tiny_model(tmp_path / "tiny"))
     code = (
-        "import sys, time\n"
+        "import signal, sys, time\n"
+        # A Ctrl-C raises, as in the tuner, even where the test's parent ignored SIGINT.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from prefill_tuner.engines.real.resolver import VllmResolver\n"
         f"r = VllmResolver({str(vllm_python())!r})\n"
         f"r.probe({model!r}, {list(CPU_SERVER_ARGS)!r})\n"

@@ -27,20 +27,27 @@ if [[ ! -s $trace ]]; then
     rc=2
 else
     # A stop (SIGTERM from systemd or Kubernetes) or Ctrl-C reaches tune as SIGINT: it stops
-    # its trial and server, keeps what is finished and exits 130. set -m: bash would otherwise
-    # start tune with SIGINT ignored.
+    # its trial and server, keeps what is finished and exits 130. The trap is set before tune
+    # starts: set after, a stop in between killed this script and left tune running. A stop
+    # that comes before tune's PID is known is passed on once it is. set -m: bash would
+    # otherwise start tune with SIGINT ignored.
+    interrupted=
+    child=
+    trap 'interrupted=1; if [[ -n $child ]]; then kill -INT "$child" 2>/dev/null || true; fi' \
+        TERM INT
     set -m
     tune nightly --study "$study" --trace "$trace" --report-dir "$report_dir" \
         --log-dir "${TUNE_LOG_DIR:-/var/lib/tune/logs}/$study" "$@" &
     child=$!
-    interrupted=
-    trap 'interrupted=1; kill -INT "$child" 2>/dev/null || true' TERM INT
+    if [[ -n $interrupted ]]; then
+        kill -INT "$child" 2>/dev/null || true
+    fi
     rc=0
     wait "$child" || rc=$?
-    if [[ -n $interrupted ]]; then
+    while kill -0 "$child" 2>/dev/null; do # a trapped stop ends a wait early: tune goes on
         rc=0
         wait "$child" || rc=$?
-    fi
+    done
 fi
 
 export TUNE_EXIT=$rc
