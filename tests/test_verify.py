@@ -56,10 +56,11 @@ def test_chunking_changes_no_output_and_the_check_can_fail(
     altered = tmp_path / "altered.json"
     code, out, err = tune(*verify_args(
         tmp_path, *settings, "--server-arg", "--hf-overrides '{\"rms_norm_eps\": 0.5}'",
-        "--reference", str(out_file), "-o", str(altered),
+        "--reference", str(out_file), "-o", str(altered), "--no-irregular",
     ))  # fmt: skip
     assert code == 5, err
     assert "reference (no chunking)" not in err  # the saved reference, not run again
+    assert "irregular chunks" not in err + out  # one server: the configuration's
     assert "DIFFERS from the reference" in out and out.strip().endswith("NOT verified")
     outputs = json.loads(altered.read_text())["outputs"]["configuration"]
     divergences = compare(reference, [PromptOutput(**o) for o in outputs], 1e-3)

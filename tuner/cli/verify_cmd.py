@@ -54,6 +54,15 @@ def verify_command(
             "(same model and prompts) instead of running the reference again.",
         ),
     ] = None,
+    irregular: Annotated[
+        bool,
+        typer.Option(
+            "--irregular/--no-irregular",
+            help="Also run deliberately irregular chunks. They depend on the model and the "
+            "settings every server runs with, not on the configuration: skip them (a server "
+            "start) when verifying more configurations of a model they passed on.",
+        ),
+    ] = True,
     as_json: JsonOpt = False,
     *,
     engine: EngineOptions,
@@ -85,7 +94,7 @@ def verify_command(
     knobs = {k: v for k, v in checked.items() if k in KNOBS}
     result = verify(
         trial_engine,  # type: ignore[arg-type]
-        {"configuration": knobs, "irregular chunks": IRREGULAR},
+        {"configuration": knobs, **({"irregular chunks": IRREGULAR} if irregular else {})},
         fixed=fixed,
         say=lambda text: err.print(escape(text), soft_wrap=True),
         reference_outputs=saved,
