@@ -214,7 +214,8 @@ def _print_plan(result: ReplicaPlan) -> None:
     assert trial is not None
     out.print(
         escape(
-            f"{_replicas(answer.replicas)} behind a {result.router} router meet every SLO "
+            f"{_replicas(answer.replicas)} behind a {result.router} router "
+            f"{'meets' if answer.replicas == 1 else 'meet'} every SLO "
             f"(study {answer.study}, trial {trial.trial_number})"
         ),
         soft_wrap=True,
@@ -238,7 +239,7 @@ def _print_plan(result: ReplicaPlan) -> None:
     wall = (trial.metrics or {}).get("details", {}).get("wall_s")
     if wall is not None:
         out.print(
-            f"simulator cost: {wall:.2f} s a run of {answer.replicas} replicas "
+            f"simulator cost: {wall:.2f} s a run of {_replicas(answer.replicas)} "
             f"({wall / answer.replicas:.3f} s a replica)",
             soft_wrap=True,
         )
