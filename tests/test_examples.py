@@ -24,6 +24,7 @@ import yaml
 import prefill_tuner.cli
 from prefill_tuner.objectives.slo import parse_slos
 from tests.conftest import ROOT
+from tests.test_real_engine_study import processes_using
 
 NIGHTLY = ROOT / "examples" / "nightly"
 WRAPPER = NIGHTLY / "tune-nightly.sh"
@@ -549,3 +550,35 @@ def test_wrapper_turns_sigterm_into_an_interrupt(
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_a_stop_at_any_moment_of_the_start_leaves_no_tune_running(
+    wrapper_env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGTERM (as systemd or Kubernetes stop a job) from 0 to 45 ms after the wrapper starts,
+    across the moment it starts tune: the wrapper always ends, and no tune (nor a shell about
+    to become one) outlives it. (The wrapper once set its trap only after starting tune; a
+    stop in between killed it and left tune running. That window is microseconds wide: these
+    stops seldom land in it, so the trap's order is checked by reading, this by running.)"""
+    fake = tmp_path / "bin" / "tune"
+    for delay_ms in range(0, 50, 5):
+        process = subprocess.Popen(
+            ["bash", str(WRAPPER), "prod"],
+            env=wrapper_env | {"FAKE_WAIT": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        left: list[int] = []
+        try:
+            time.sleep(delay_ms / 1000)  # the stimulus: when the stop comes, not a wait
+            process.send_signal(signal.SIGTERM)
+            # It ends; how depends on the moment: killed (before its trap), 130 (tune stopped
+            # as by Ctrl-C), or 1 (Python stopped while it starts up, before any of tune).
+            process.wait(timeout=20)
+            left = processes_using(fake) + processes_using(WRAPPER)
+            assert left == [], (delay_ms, left)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)

@@ -127,3 +127,21 @@ def test_a_resume_with_other_options_is_refused(
     assert says in err and len(err.strip().splitlines()) == 1, err
     code, _, err = tune(*run_args(storage, 3, option, first))  # the same options resume
     assert code == 0, err
+
+
+def test_a_ctrl_c_while_the_command_line_loads_is_an_interrupt() -> None:
+    """Ctrl-C in the second ``tune`` spends importing (made certain: the import of optuna
+    raises it) ends as any interrupt does, one line and exit code 130, not a traceback."""
+    code = (
+        "import sys\n"
+        "class CtrlC:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'optuna':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        "sys.argv = ['tune', 'studies']\n"
+        "from prefill_tuner.entry import main\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "error: interrupted\n")

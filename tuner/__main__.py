@@ -1,5 +1,5 @@
 """``python -m prefill_tuner``: the same as the ``tune`` command."""
 
-from prefill_tuner.cli import main
+from prefill_tuner.entry import main
 
 main()
