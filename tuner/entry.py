@@ -1,7 +1,6 @@
 """The ``tune`` command's entry point. Loading the command line takes about a second of
 imports; it happens here, inside Ctrl-C handling, so that a stop while it loads ends as one
-later does (one line, exit code 130) rather than in a traceback with exit code 1, which a
-supervisor (the nightly wrapper, systemd) would report as a failure."""
+later does (one line, exit code 130) rather than in a traceback."""
 
 from __future__ import annotations
 
