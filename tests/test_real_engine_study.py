@@ -179,6 +179,8 @@ def test_a_failing_trial_is_stored_with_its_reason_and_the_study_goes_on(
     )
     assert code == 4, err  # no trial met the SLOs
     assert "No trial met the SLOs" in out
+    # No profile to explain it with: how to get one (tune run --profile explains it then).
+    assert "calibrate the simulator to it (tune calibrate) and give the profile with " in err
     store = TunerStore(f"sqlite:///{workspace / 'tune.db'}")
     trials = store.trials(store.get_study("real"))
     assert len(trials) == 1
