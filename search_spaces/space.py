@@ -19,7 +19,7 @@ import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import read_input
+from prefill_tuner.files import read_input, why_unreadable
 from prefill_tuner.search_spaces.knobs import KNOBS, Knob
 
 THRESHOLD_SUFFIX = "_log2"
@@ -325,8 +325,7 @@ def load_space_file(path: str | Path) -> dict[str, str]:
     try:
         data = yaml.safe_load(read_input(path).decode("utf-8"))
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-        raise TunerError(f"{path}: cannot read the space file: {reason}") from None
+        raise TunerError(f"{path}: cannot read the space file: {why_unreadable(exc)}") from None
     if not isinstance(data, dict):
         raise TunerError(f"{path}: expected a mapping of knob: range")
     result: dict[str, str] = {}

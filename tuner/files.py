@@ -30,6 +30,13 @@ def read_input(path: str | Path) -> bytes:
     return file.read_bytes()
 
 
+def why_unreadable(exc: Exception) -> str:
+    """What failed reading an input, in one line: the system's words for an :class:`OSError`
+    (from :func:`read_input`), else the first line of a parser's message."""
+    text = str(getattr(exc, "strerror", None) or exc)
+    return (text.splitlines() or [""])[0]
+
+
 def check_output(path: str | Path, inputs: Sequence[str | Path] = ()) -> Path:
     """The output path, if writing there replaces at most a regular file that is none of
     ``inputs``; a one-line :class:`TunerError` otherwise. A symbolic link is refused (not

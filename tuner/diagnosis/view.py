@@ -22,7 +22,7 @@ from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.engine import StepRecord, simulate
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import read_input
+from prefill_tuner.files import read_input, why_unreadable
 from prefill_tuner.objectives.metrics import RequestRecord
 from prefill_tuner.timeline import Step, real_steps, sim_step
 from prefill_tuner.trace.model import Trace
@@ -137,8 +137,9 @@ def logged_view(
         lines = read_input(steps_file).decode("utf-8").splitlines()
         raw = [json.loads(line) for line in lines if line.strip()]
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise TunerError(f"{steps_file}: cannot read the step trace: {reason}") from None
+        raise TunerError(
+            f"{steps_file}: cannot read the step trace: {why_unreadable(exc)}"
+        ) from None
     steps = []
     for number, line in enumerate(raw):
         try:

@@ -50,7 +50,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import read_input
+from prefill_tuner.files import read_input, why_unreadable
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -420,6 +420,5 @@ def load_profile(name_or_path: str) -> StepModel:
         text = read_input(path).decode("utf-8")
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-        raise TunerError(f"{path}: cannot read the profile: {reason}") from None
+        raise TunerError(f"{path}: cannot read the profile: {why_unreadable(exc)}") from None
     return profile_from_record(data, str(path))
