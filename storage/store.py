@@ -6,6 +6,7 @@ import fcntl
 import math
 import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -226,34 +227,82 @@ def check_storage_url(url: str, *, must_exist: bool = False) -> URL:
 
 def _check_sqlite_path(parsed: URL, shown: str, must_exist: bool) -> None:
     database = parsed.database or ""
-    if not database or database == ":memory:" or database.startswith("file:"):
-        if must_exist:
-            raise TunerError(f"{shown}: no such database (an in-memory one is empty)")
-        return
+    if not database or database == ":memory:":
+        raise TunerError(
+            f"{shown}: names no file, and an in-memory database keeps nothing (each "
+            "connection sees its own); give sqlite:///FILE"
+        )
+    if database.startswith("file:"):
+        return  # an SQLite URI: SQLite reads it
     path = Path(database)
-    if must_exist and not os.path.isfile(path):
-        raise TunerError(f"{shown}: no such database ({path} does not exist)")
-    if os.path.isdir(path):
+    try:
+        info: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:  # a link that loops, a folder we may not enter, a name too long
+        raise TunerError(f"{shown}: cannot open {path}: {exc.strerror}") from None
+    if info is None:
+        if must_exist:
+            raise TunerError(f"{shown}: no such database ({path} does not exist)")
+        folder = path.parent if str(path.parent) else Path(".")
+        if not os.path.isdir(folder):
+            raise TunerError(f"{shown}: the folder {str(folder)!r} does not exist")
+        return
+    if stat.S_ISDIR(info.st_mode):
         raise TunerError(f"{shown}: {path} is a folder, not a database file")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not os.path.isdir(folder):
-        raise TunerError(f"{shown}: the folder {str(folder)!r} does not exist")
+    if not stat.S_ISREG(info.st_mode):
+        raise TunerError(f"{shown}: {path} is not a regular file (a device, FIFO or socket)")
+    if info.st_size == 0:
+        if must_exist:  # SQLite would make it a database: a command that reads writes nothing
+            raise TunerError(f"{shown}: {path} is an empty file, not a database")
+        return  # a new database, as SQLite makes one (nothing in the file is lost)
+    try:
+        with open(path, "rb") as stream:
+            header = stream.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise TunerError(f"{shown}: cannot read {path}: {exc.strerror}") from None
+    if header.strip(b"\0") == b"":  # a zeroed first page, as a torn write leaves
+        raise TunerError(
+            f"the database {path} is damaged (its first page is zeroed): restore it from a "
+            "backup or use another --storage"
+        )
+    if header != SQLITE_HEADER:
+        raise TunerError(
+            f"{shown}: {path} is not a SQLite database (its first bytes are not "
+            "'SQLite format 3'); nothing was written to it"
+        )
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""How every SQLite database file begins (https://www.sqlite.org/fileformat.html)."""
 
 
 def _check_sqlite_file(engine: Engine) -> None:
     """A damaged SQLite file (zeroed or torn pages) is refused at once, with what SQLite says,
-    rather than failing later in whichever query reads the damage."""
+    rather than failing later in whichever query reads the damage; one SQLite cannot open or
+    read is said to be so, with SQLite's reason (it may not be damaged at all)."""
     try:
         with engine.connect() as connection:
             rows = [str(row[0]) for row in connection.exec_driver_sql("PRAGMA quick_check")]
     except DatabaseError as exc:
-        rows = [str(exc.orig or exc).splitlines()[0]]
+        reason = str(exc.orig or exc).splitlines()[0]
+        if reason in _CANNOT_OPEN:
+            raise TunerError(f"cannot open the database {engine.url.database}: {reason}") from None
+        rows = [reason]
     if rows != ["ok"]:
         found = " ".join(" ".join(rows).replace("*** in database main ***", "").split())
         raise TunerError(
             f"the database {engine.url.database} is damaged ({found[:200]}): restore it from "
             "a backup or use another --storage"
         )
+
+
+_CANNOT_OPEN = {
+    "unable to open database file",
+    "disk I/O error",
+    "attempt to write a readonly database",
+}
+"""SQLite's reasons that say the file could not be opened or read, not that it is damaged."""
 
 
 def storage_error(exc: BaseException, url: str) -> str:
