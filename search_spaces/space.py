@@ -9,6 +9,7 @@ parameters from multivariate TPE's and GP's joint model).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,12 +206,46 @@ def _log2_floor(value: int) -> int:
     return max(1, value).bit_length() - 1
 
 
+def release(version: str) -> tuple[int, int, int] | None:
+    """``(0, 32, 0)`` for a vLLM version (``0.32.0``, ``v0.27.0rc1``, ``0.26.1.dev3+gabc``,
+    ``0.32``); ``None`` when the text holds none. A pre-release counts as its release (the
+    cautious side: a 0.27.0 release candidate already lacks what 0.27.0 removed)."""
+    match = _RELEASE.search(version)
+    if match is None:
+        return None
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+_RELEASE = re.compile(r"(?<![\d.])v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def knob_removed(knob: Knob, capabilities: EngineCapabilities) -> str | None:
+    """Why a vLLM server of this version must never get the knob (it was removed upstream and
+    the server refuses the flag), else ``None`` (not removed, not vLLM, or a version that
+    cannot be read, which the probed flags then decide)."""
+    if knob.removed_in is None or capabilities.engine != "vllm":
+        return None
+    running, removed = release(capabilities.version), release(knob.removed_in)
+    if running is None or removed is None or running < removed:
+        return None
+    by = f" ({knob.removed_by})" if knob.removed_by else ""
+    return (
+        f"removed from vLLM in {knob.removed_in}{by}: vLLM {capabilities.version} refuses "
+        f"{knob.flag} and does not start"
+    )
+
+
 def knob_availability(knob: Knob, capabilities: EngineCapabilities) -> str | None:
     """``None`` when the engine honours and accepts the knob, else why it is dropped."""
+    removed = knob_removed(knob, capabilities)
+    if removed is not None:
+        return removed
     if knob.v0_only and not capabilities.honours_v0_partial_prefill:
+        gone = f"; removed from vLLM in {knob.removed_in}" if knob.removed_in else ""
         return (
-            "a V0-engine limit: never enforced by vLLM's V1 engine, removed from vLLM in 2026 "
-            f"(newer versions refuse the flag); the {capabilities.engine} engine runs V1"
+            f"a V0-engine limit: never enforced by vLLM's V1 engine{gone}; "
+            f"the {capabilities.engine} engine runs V1"
         )
     if knob.name == "async_scheduling" and not capabilities.honours_async_scheduling:
         return (
