@@ -98,7 +98,10 @@ def calibrate_command(
 
         store = TunerStore(storage, create=False)
         calibration = calibrate_from_study(
-            store, from_study, name=profile_name, on_start=lambda line: err.print(line)
+            store,
+            from_study,
+            name=profile_name,
+            on_start=lambda line: err.print(line, markup=False),
         )
     else:
         if engine_name != "vllm":
@@ -118,7 +121,8 @@ def calibrate_command(
         err.print(
             f"calibrating {model} on {trial_engine.version}: one server "
             f"(budget {settings['max_num_batched_tokens']}, up to {max_num_seqs} sequences), "
-            f"the designed workload (about {60 * spacing:.0f} s)…"
+            f"the designed workload (about {60 * spacing:.0f} s)…",
+            markup=False,
         )
         calibration = calibrate_on_server(
             trial_engine, settings, model=model, name=profile_name, spacing=spacing
@@ -130,7 +134,9 @@ def calibrate_command(
     if as_json:
         typer.echo(json.dumps(json_safe(report_data(calibration, output)), indent=1))
     else:
-        output_console().print("\n".join(report_lines(calibration, output)), crop=False)
+        output_console().print(
+            "\n".join(report_lines(calibration, output)), crop=False, markup=False
+        )
 
 
 def report_data(calibration: Calibration, output: Path) -> dict[str, object]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,9 +34,10 @@ from prefill_tuner.worker.loop import WorkerEvents
 
 
 def output_console() -> Console:
-    """Rich console for results: a terminal's own width, or wide lines when piped (for grep)."""
+    """Rich console for results: a terminal's own width, or when piped the width ``COLUMNS``
+    gives (rich reads it), else wide lines (for grep)."""
     console = Console(highlight=False)
-    if not console.is_terminal:
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console.width = max(console.width, 160)
     return console
 
@@ -154,17 +156,51 @@ class ProgressDisplay:
         self.task = self.bar.add_task(escape(idle), total=None, last="")
         self.best: TrialResult | None = None
         self.failed = 0
-        self.progress = StudyProgress(on_start=self._start, on_trial=self._trial)
+        self.ran = 0
+        """Trials this run finished."""
+        self.asked: tuple[int, int] | None = None
+        """Trials finished before this run, and those it was to run (once it starts)."""
+        self.progress = StudyProgress(
+            on_start=self._start, on_trial=self._trial, on_recovered=self._recovered
+        )
 
     def __enter__(self) -> ProgressDisplay:
         self.bar.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.asked is not None and self.ran >= self.asked[1] and self.best is None:
+            self.bar.update(self.task, description=escape(self.done()))
         self.bar.stop()
 
+    def done(self) -> str:
+        """What the bar says once every trial asked for ran and none of them met the SLOs
+        (not "no feasible trial yet": nothing more is coming)."""
+        assert self.asked is not None
+        before, _ = self.asked
+        if not self.ran:
+            return f"done: the study already has its {before} trials"
+        which = "trial of this run" if before else "trial"
+        failed = f"; {self.failed} failed" if self.failed else ""
+        return f"done: no {which} met the SLOs{failed}"
+
     def _start(self, finished: int, remaining: int) -> None:
+        self.asked = (finished, remaining)
         self.bar.update(self.task, total=finished + remaining, completed=finished)
+        if finished and remaining:
+            self.bar.console.print(
+                f"resuming: {finished} of {finished + remaining} trials done", markup=False
+            )
+
+    def _recovered(self, numbers: list[int]) -> None:
+        """Trials an earlier run did not finish (stopped, killed): they run again."""
+        one = len(numbers) == 1
+        self.bar.console.print(
+            f"trial{'' if one else 's'} {', '.join(str(number) for number in numbers)} did not "
+            f"finish in an earlier run and {'runs' if one else 'run'} again",
+            markup=False,
+            soft_wrap=True,
+        )
 
     def _trial(self, result: TrialResult) -> None:
         objectives = self.plan.objectives
@@ -176,6 +212,7 @@ class ProgressDisplay:
             if better:
                 self.best = result
         self.failed += bool(result.failure)
+        self.ran += 1
         description = self.idle
         if self.best is not None:
             shown = ", ".join(
@@ -289,7 +326,7 @@ def summary_table(
     for key in keys:
         table.add_column(key, justify="right")
     for name, summary in rows.items():
-        table.add_row(name, *(show(summary[key]) for key in keys))
+        table.add_row(escape(name), *(show(summary[key]) for key in keys))
     return table
 
 
@@ -300,9 +337,9 @@ def render_sim_result(trace: Trace, result: SimResult, profile_note: str = "") -
     table.add_column(style="bold")
     table.add_column()
     config = result.config
-    table.add_row("engine", f"{result.engine_version}; profile {result.profile}")
+    table.add_row("engine", escape(f"{result.engine_version}; profile {result.profile}"))
     if profile_note:
-        table.add_row("profile", profile_note)
+        table.add_row("profile", escape(profile_note))
     table.add_row(
         "config",
         f"max_num_batched_tokens={config.max_num_batched_tokens} "
@@ -362,9 +399,9 @@ def render_sim_result(trace: Trace, result: SimResult, profile_note: str = "") -
     if metrics.single_token_requests:
         table.add_row("note", f"{metrics.single_token_requests:,} one-token requests have no TPOT")
     for reason, count in metrics.failure_reasons.items():
-        table.add_row("failed", f"{count:,}: {reason}")
+        table.add_row("failed", escape(f"{count:,}: {reason}"))
     for note in trace.adjustments:
-        table.add_row("note", str(note))
+        table.add_row("note", escape(str(note)))
     table.add_row("wall time", f"{result.wall_s:.2f} s")
     return table
 
@@ -376,7 +413,7 @@ def render_stats(trace: Trace, stats: TraceStats) -> Table:
     table.add_column()
     if trace.source is not None:
         digest = f", sha256 {trace.source.sha256[:12]}…" if trace.source.sha256 else ""
-        table.add_row("trace", f"{trace.source.path} ({trace.source.format}{digest})")
+        table.add_row("trace", escape(f"{trace.source.path} ({trace.source.format}{digest})"))
     table.add_row("requests", f"{stats.requests:,}")
     table.add_row("duration", f"{stats.duration_s:,.1f} s ({stats.duration_s / 60:,.1f} min)")
     table.add_row(
@@ -404,7 +441,7 @@ def render_stats(trace: Trace, stats: TraceStats) -> Table:
     )
     if stats.classes:
         unclassed = stats.requests - sum(stats.classes.values())
-        counts = [f"{name} {count:,}" for name, count in stats.classes.items()]
+        counts = [escape(f"{name} {count:,}") for name, count in stats.classes.items()]
         table.add_row("classes", ", ".join(counts + ([f"none {unclassed:,}"] if unclassed else [])))
     if stats.prefix_reuse is None:
         table.add_row("prefix reuse", "no prefix-block ids in this trace")
@@ -415,7 +452,7 @@ def render_stats(trace: Trace, stats: TraceStats) -> Table:
             "before (upper bound on the prefix-cache hit rate)",
         )
     for note in trace.adjustments:
-        table.add_row("note", str(note))
+        table.add_row("note", escape(str(note)))
     return table
 
 

@@ -6,16 +6,21 @@ from typing import Annotated
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from prefill_tuner import defaults
 from prefill_tuner.cli.display import output_console, print_document, quiet_optuna
 from prefill_tuner.cli.options import JsonOpt, StorageOpt
-from prefill_tuner.documents import stored_studies_document, stored_trials_document
+from prefill_tuner.documents import (
+    TrialDocument,
+    stored_studies_document,
+    stored_trials_document,
+)
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.slo import format_seconds
 from prefill_tuner.plan import check_study_name
-from prefill_tuner.report import COLUMNS, knob_cells, knob_legend, narrow_table
+from prefill_tuner.report import COLUMNS, knob_cells, knob_legend, narrow_table, objective_header
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.storage.store import TunerStore, redact_url
 
@@ -34,9 +39,9 @@ def studies_command(storage: StorageOpt = defaults.STORAGE, as_json: JsonOpt = F
         done = study.trials["complete"]
         target = f"/{study.target_trials}" if study.target_trials else ""
         table.add_row(
-            study.name,
-            study.engine,
-            ", ".join(study.slos),
+            escape(study.name),
+            escape(study.engine),
+            escape(", ".join(study.slos)),
             f"{done}{target}",
             str(study.trials["feasible"]),
             study.status,
@@ -56,23 +61,25 @@ def trials_command(
     check_study_name(study_name)
     quiet_optuna()
     store = TunerStore(storage, create=False)
-    if store.get_study(study_name) is None:
+    record = store.get_study(study_name)
+    if record is None:
         names = ", ".join(store.study_names()) or "none"
         raise TunerError(f"--study {study_name}: no such study (studies: {names})")
     document = stored_trials_document(store, study_name)
     if as_json:
         print_document(document)
         return
-    knobs = [k for k in KNOBS if any(k in t.settings for t in document.trials)]
-    objectives = list(dict.fromkeys(n for t in document.trials for n in t.objectives))
+    trials, unrun = _unrun_queued(document.trials, record.target_trials)
+    knobs = [k for k in KNOBS if any(k in t.settings for t in trials)]
+    objectives = list(dict.fromkeys(n for t in trials for n in t.objectives))
     table = narrow_table(f"* the baseline (the engine's defaults). {knob_legend(knobs)}")
     table.add_column("trial", justify="right", overflow="fold")
     table.add_column("state", overflow="fold")
-    for column in (*(COLUMNS.get(k, k) for k in knobs), *objectives):
+    for column in (*(COLUMNS.get(k, k) for k in knobs), *map(objective_header, objectives)):
         table.add_column(column, justify="right", overflow="fold")
     table.add_column("SLOs", overflow="fold")
     notes = []
-    for trial in document.trials:
+    for trial in trials:
         verdict = {None: "", True: "met", False: "missed"}[trial.feasible]
         if trial.status == "failed":
             verdict = "failed"
@@ -86,9 +93,15 @@ def trials_command(
         table.add_row(
             f"{trial.number}{'*' if trial.baseline else ''}",
             STATES.get(trial.state, trial.state.lower()),
-            *knob_cells(trial.settings, knobs),
+            *map(escape, knob_cells(trial.settings, knobs)),
             *values,
             verdict,
+        )
+    if unrun:
+        numbers = ", ".join(str(trial.number) for trial in unrun)
+        notes.append(
+            f"not shown: queued trial(s) {numbers}, which the study has no need of (it has "
+            f"its {record.target_trials} trials); a run with more --trials runs them first"
         )
     console = output_console()
     console.print(table)
@@ -105,3 +118,19 @@ def _value(name: str, value: float | None) -> str:
     if value is None:
         return ""
     return f"{value:.3g}×" if name == "rate_multiplier" else format_seconds(value)
+
+
+def _unrun_queued(
+    trials: list[TrialDocument], target: int | None
+) -> tuple[list[TrialDocument], list[TrialDocument]]:
+    """The trials to list, and the queued ones of a study that has its target of trials: the
+    first run queues the baseline and the rule-derived trials whatever ``--trials`` says, and
+    a study that stopped before running them all (fewer --trials than those, a timeout, a
+    replica count met) leaves them queued for a later run with more trials."""
+    complete = sum(trial.state == "COMPLETE" for trial in trials)
+    if target is None or complete < target:
+        return trials, []
+    return (
+        [trial for trial in trials if trial.state != "WAITING"],
+        [trial for trial in trials if trial.state == "WAITING"],
+    )

@@ -83,9 +83,9 @@ def _report(trace: Trace, target: Path) -> None:
     """Say what was written, and every adjustment, on stderr (stdout may hold the trace)."""
     err = error_console()
     where = "standard output" if str(target) == "-" else str(target)
-    err.print(f"wrote {len(trace):,} requests to {where}")
+    err.print(f"wrote {len(trace):,} requests to {where}", markup=False, soft_wrap=True)
     for note in trace.adjustments:
-        err.print(f"note: {note}")
+        err.print(f"note: {note}", markup=False, soft_wrap=True)
 
 
 @trace_app.command("synth")
