@@ -97,3 +97,17 @@ def test_studies_and_trials_list_what_the_storage_holds(tune, tmp_path: Path) ->
     )
     code, _, err = tune("trials", "--study", "nope", "--storage", storage)
     assert code == 2 and err.strip() == "error: --study nope: no such study (studies: s)"
+
+
+def test_export_json_is_a_valid_versioned_document(tune, tmp_path: Path) -> None:
+    code, out, err, storage = run_study(tune, tmp_path, "p99_tpot=50ms", "p99_ttft=5s")
+    assert code == 0, err
+    summary = json.loads(out)
+    code, exported, err = tune("export", "--format", "json", "--storage", storage)
+    assert code == 0, err
+    document = json.loads(exported)
+    validate(document, "ExportDocument")
+    assert document["schema_version"] == documents.SCHEMA_VERSION
+    assert document["study"] == "s" and document["rule"] == summary["rule"]
+    assert [entry["serve_command"] for entry in document["pareto"]] == summary["serve_lines"]
+    assert document["pareto"][0]["recommended"]

@@ -1,5 +1,6 @@
 """Machine-readable output: the JSON documents ``tune run --json``, ``tune pareto --json``,
-``tune studies --json``, ``tune trials --json`` and ``tune plan --json`` print.
+``tune studies --json``, ``tune trials --json``, ``tune plan --json`` and ``tune export
+--format json`` print.
 
 Each is a pydantic model, so that what is printed is validated against its own schema, and
 the schema (``docs/summary.schema.json``, generated from these models and checked by the
@@ -126,6 +127,33 @@ class TrialsDocument(_Document):
     schema_version: Literal[1] = SCHEMA_VERSION
     study: str
     trials: list[TrialDocument]
+
+
+class ExportEntry(_Document):
+    """One Pareto-optimal setting, for deployment."""
+
+    trial: int = Field(description="The trial's number in its Optuna study.")
+    recommended: bool = Field(description="Whether it is the recommended setting.")
+    settings: dict[str, Any] = Field(description="The engine settings it ran.")
+    serve_command: str = Field(description="Its `vllm serve` line.")
+    objectives: dict[str, float | None] = Field(
+        description="Objective name → value in seconds (rate_multiplier: a factor)."
+    )
+    slacks: dict[str, float | None] = Field(
+        description="SLO → (limit − value) / limit: positive inside the SLO."
+    )
+    engine_version: str = Field(description="`vllm --version` or the simulator's.")
+    metrics: dict[str, Any] | None = Field(description="Everything the trial measured.")
+
+
+class ExportDocument(_Document):
+    """A study's Pareto-optimal settings, the recommended one first (``tune export --format
+    json``)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    study: str
+    rule: str = Field(description="How the recommended setting is chosen.")
+    pareto: list[ExportEntry]
 
 
 class ReplicaCountDocument(_Document):
@@ -290,6 +318,28 @@ def summary_document(
     )
 
 
+def export_document(summary: StudySummary) -> ExportDocument:
+    """The Pareto-optimal settings of a study with a recommendation, that one first."""
+    recommended = summary.recommended
+    if recommended is None:
+        raise ValueError("no trial met the SLOs")
+    ordered = [recommended] + [t for t in summary.pareto if t is not recommended]
+    entries = [
+        ExportEntry(
+            trial=trial.trial_number,
+            recommended=trial is recommended,
+            settings=trial.settings,
+            serve_command=trial.serve_command,
+            objectives=_finite(trial.objectives),
+            slacks=_finite(trial.slacks),
+            engine_version=trial.engine_version.version,
+            metrics=trial.metrics,
+        )
+        for trial in ordered
+    ]
+    return ExportDocument(study=summary.study.name, rule=RULE, pareto=entries)
+
+
 def trials_document(
     name: str, trials: list[TrialRecord], frozen: list[optuna.trial.FrozenTrial]
 ) -> TrialsDocument:
@@ -373,18 +423,26 @@ def schema() -> str:
     """The JSON Schema of every document, as ``docs/summary.schema.json`` holds it."""
     documents = {
         model.__name__: model.model_json_schema(mode="serialization")
-        for model in (SummaryDocument, StudiesDocument, TrialsDocument, PlanDocument)
+        for model in (
+            SummaryDocument,
+            StudiesDocument,
+            TrialsDocument,
+            PlanDocument,
+            ExportDocument,
+        )
     }
     return json.dumps(documents, indent=2, sort_keys=True) + "\n"
 
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ExportDocument",
     "StudiesDocument",
     "StudyDocument",
     "SummaryDocument",
     "TrialDocument",
     "TrialsDocument",
+    "export_document",
     "optuna_trials",
     "schema",
     "stored_studies_document",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -416,8 +415,8 @@ def _improvement(summary: StudySummary, best: TrialRecord, baseline: TrialRecord
 
 
 def export(summary: StudySummary, model: str, fmt: str) -> str:
-    """The Pareto settings as a shell script, a ``vllm serve --config`` YAML (recommended), or
-    JSON (all of them, with their metrics)."""
+    """The Pareto settings as a shell script, or a ``vllm serve --config`` YAML (recommended);
+    JSON is a document (:func:`prefill_tuner.documents.export_document`)."""
     if summary.recommended is None:
         raise ValueError("no trial met the SLOs")
     ordered = [summary.recommended] + [t for t in summary.pareto if t is not summary.recommended]
@@ -433,19 +432,4 @@ def export(summary: StudySummary, model: str, fmt: str) -> str:
         return "\n".join(lines) + "\n"
     if fmt == "yaml":  # the stored line: the user's own arguments and the repaired settings
         return command_yaml(ordered[0].serve_command)
-    entries = [
-        {
-            "trial": trial.trial_number,
-            "recommended": trial is summary.recommended,
-            "settings": trial.settings,
-            "serve_command": trial.serve_command,
-            "objectives": trial.objectives,
-            "slacks": trial.slacks,
-            "engine_version": trial.engine_version.version,
-            "metrics": trial.metrics,
-        }
-        for trial in ordered
-    ]
-    return json.dumps(
-        {"study": summary.study.name, "rule": RULE, "pareto": entries}, indent=2, default=str
-    )
+    raise ValueError(f"no such export format: {fmt}")

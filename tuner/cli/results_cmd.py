@@ -12,7 +12,7 @@ from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import error_console, output_console, print_document
 from prefill_tuner.cli.options import JsonOpt, StorageOpt, StudyOpt
 from prefill_tuner.cli.stored import open_stored
-from prefill_tuner.documents import stored_summary_document
+from prefill_tuner.documents import export_document, stored_summary_document
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
 from prefill_tuner.report import export, render_summary, summarize_stored
@@ -52,7 +52,10 @@ def export_command(
             f"study {name}: no trial met the SLOs, nothing to export "
             "(tune pareto shows the closest trials)"
         )
-    text = export(summary, summary.study.model, format)
+    if format == "json":
+        text = export_document(summary).model_dump_json(indent=2) + "\n"
+    else:
+        text = export(summary, summary.study.model, format)
     if output is None:
         sys.stdout.write(text)
         return
