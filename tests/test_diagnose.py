@@ -1,17 +1,23 @@
 """``tune diagnose``: each detector names its symptom on a simulated run built to show it,
-and stays quiet on one built not to; on the bundled Mooncake slice, the defaults show spikes
-and a tiny budget shows TTFT collapse."""
+and stays quiet on one built not to; a finding is judged against the study's SLO on its
+symptom's metric; on the bundled Mooncake slice, the defaults show spikes and a tiny budget
+shows TTFT collapse."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 
 from prefill_tuner import defaults
 from prefill_tuner.diagnosis import diagnose, simulated_view
+from prefill_tuner.diagnosis.view import Measured
 from prefill_tuner.engines.sim import SimConfig, load_profile
+from prefill_tuner.objectives.metrics import summarize_run
+from prefill_tuner.objectives.slo import parse_slo
 from prefill_tuner.trace.synth import parse_mix, synthesize
 from tests.conftest import vllm_python
 from tests.test_real_engine_study import KV_BYTES, SERVER_ARGS, processes_using, workspace
@@ -74,6 +80,43 @@ def test_thrashing_at_moderate_use_without_reserve_points_at_reserve_full_isl() 
     assert finding.knob.startswith("turn scheduler_reserve_full_isl on")
 
 
+def test_slow_prefills_that_no_stream_waited_through_are_no_spikes() -> None:
+    # 8,000-token prompts arriving one at a time (16 output tokens each): every whole-prompt
+    # step takes 40× the median step, and no stream decodes in it, so no token waited.
+    trace = synthesize(parse_mix("8000x16=1"), 0.05, count=40, seed=1)
+    view = simulated_view(trace, SimConfig(**PROFILE.engine_defaults), PROFILE)
+    median = statistics.median(s.duration_s for s in view.steps)
+    heavy = [s for s in view.steps if s.prefill_tokens >= 1024]
+    assert len(heavy) == 40 and all(s.duration_s > 30 * median for s in heavy)
+    assert not any(s.decode_tokens for s in heavy)
+    assert "periodic TPOT/ITL spikes" not in {f.symptom for f in diagnose(view)}
+
+
+@pytest.mark.parametrize(
+    ("slo", "verdict"),
+    [("p99_tpot=1s", "within"), ("p99_itl=1ms", "breaks"), ("p99_ttft=1ms", "no SLO")],
+)
+def test_a_finding_is_judged_against_the_slo_on_its_symptoms_metric(slo: str, verdict: str) -> None:
+    trace = synthesize(parse_mix(STREAMS_AND_LONG), 3.0, count=120, seed=1)
+    view = simulated_view(trace, SimConfig(**PROFILE.engine_defaults), PROFILE)
+    parsed = parse_slo(slo)
+    summary = summarize_run(view.records)
+    measured = getattr(summary, f"{parsed.metric}_s")[parsed.statistic]
+    judged = diagnose(dataclasses.replace(view, slos=(Measured(parsed, measured),)))
+    spikes = next(f for f in judged if f.symptom == "periodic TPOT/ITL spikes")
+    said = f"SLO {slo} ("
+    if verdict == "within":  # streams stall, but within what the study asked: no knob to move
+        assert spikes.within_slo and spikes.knob.startswith(f"no action needed: within the {said}")
+        assert "max_num_batched_tokens" not in spikes.line()
+        assert all(f.within_slo for f in judged[judged.index(spikes) :])  # ranked last
+    elif verdict == "breaks":
+        assert not spikes.within_slo and f"breaks the {said}" in spikes.summary
+        assert spikes.knob.startswith("lower max_num_batched_tokens (now 8192)")
+    else:
+        assert not spikes.within_slo and "the study sets no SLO on TPOT or ITL" in spikes.summary
+        assert spikes.knob.startswith("lower max_num_batched_tokens (now 8192)")
+
+
 def test_the_bundled_slice_defaults_spike_and_a_tiny_budget_collapses_ttft(tune) -> None:
     code, out, err = tune("diagnose", "--trace", str(defaults.SAMPLE_TRACE), "--json")
     assert code == 0, err
@@ -98,10 +141,13 @@ def test_a_stored_trial_and_a_step_trace_are_diagnosed_too(tune, tmp_path: Path)
     said = " ".join(err.split())
     assert "baseline: periodic TPOT/ITL spikes" in said
     assert f"(all findings: tune diagnose --study d --storage {storage})" in said  # pastable
+    # The study's p99 TPOT is far inside its 1 s SLO: the spikes are real, and harmless here.
+    within = "no action needed: within the SLO p99_tpot=1s ("
+    assert within in said and "lower max_num_batched_tokens" not in said
     code, out, err = tune("diagnose", "--study", "d", "--storage", storage)
     assert code == 0, err
     assert out.startswith("study d, trial 0 (the baseline): ")
-    assert "periodic TPOT/ITL spikes" in out
+    assert "periodic TPOT/ITL spikes" in out and f"→ {within}" in out
     steps = tmp_path / "steps.jsonl"
     code, _, err = tune("simulate", "--trace", str(trace), "--steps-out", str(steps))
     assert code == 0, err

@@ -5,11 +5,13 @@ the knob to move) or ``None``. Thresholds are named here, each with why.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefill_tuner.diagnosis.view import RunView, StepView
+from prefill_tuner.diagnosis.view import Measured, RunView, StepView
+from prefill_tuner.objectives.slo import format_seconds
 
 SPIKE_RATIO = 3.0
 """A step this many times the median step is a stall every streaming request sees as one long
@@ -21,6 +23,10 @@ LARGE_PREFILL_TOKENS = 1024
 costs a few decode steps at most, which is chunking doing its job, not a knob to move."""
 SPIKES_FROM_PREFILL = 0.5
 """Spikes are blamed on prefill when at least this share of them are prefill steps."""
+STALLED_DECODES = 1
+"""A slow step is a spike only when at least this many streams decoded in it: they are the
+users who waited through it. A long prompt prefilled while nothing else runs is slow and
+harms nobody (no inter-token gap grows), so it is no reason to move a knob."""
 
 LONG_PROMPT = 1024
 """Prompts at least this long are the ones chunking splits over several steps."""
@@ -72,6 +78,13 @@ class Finding:
     severity: float
     """Share of the run affected (of its steps, its engine time or its long prompts, as the
     detector says): findings are ranked by it."""
+    metrics: tuple[str, ...] = ()
+    """The latency metrics the symptom shows in (``tpot``, ``itl``, ``ttft``, ``e2el``): the
+    study's SLOs on them are what the finding is judged against."""
+    judged: str | None = None
+    """The SLOs it was judged against and how they fared (``None``: the run has no SLOs)."""
+    within_slo: bool = False
+    """Every SLO on the symptom's metrics holds: no action needed (ranked after the rest)."""
 
     def line(self) -> str:
         return f"{self.symptom}: {self.summary}; {self.knob}"
@@ -88,26 +101,38 @@ def _at(step: StepView) -> str:
 
 
 def spikes(view: RunView) -> Finding | None:
-    """Periodic TPOT/ITL spikes: steps far slower than the median, carrying large prefills."""
+    """Periodic TPOT/ITL spikes: steps far slower than the median, carrying large prefills and
+    decoding streams (the streams are the ones who wait through each such step)."""
     median = _median_step(view)
     if median <= 0:
         return None
     slow = [s for s in view.steps if s.duration_s >= SPIKE_RATIO * median]
-    if len(slow) < MIN_SPIKES:
+    # A slow step with no stream decoding in it stalls nobody's tokens.
+    stalls = [s for s in slow if s.decode_tokens >= STALLED_DECODES]
+    if len(stalls) < MIN_SPIKES:
         return None
-    heavy = [s for s in slow if s.prefill_tokens >= LARGE_PREFILL_TOKENS]
-    if len(heavy) < max(MIN_SPIKES, SPIKES_FROM_PREFILL * len(slow)):
+    heavy = [s for s in stalls if s.prefill_tokens >= LARGE_PREFILL_TOKENS]
+    if len(heavy) < max(MIN_SPIKES, SPIKES_FROM_PREFILL * len(stalls)):
         return None
     several = [s for s in heavy if s.prefill_chunks is not None and len(s.prefill_chunks) >= 2]
-    worst = max(slow, key=lambda s: s.duration_s)
+    worst = max(stalls, key=lambda s: s.duration_s)
+    alone = len(slow) - len(stalls)
     threshold = int(view.settings.get("long_prefill_token_threshold") or 0)
     return Finding(
         symptom="periodic TPOT/ITL spikes",
         summary=(
-            f"{len(slow)} of {len(view.steps)} steps took ≥ {SPIKE_RATIO:g}× the median step "
-            f"({median * 1000:.1f} ms), up to {worst.duration_s * 1000:.1f} ms; "
-            f"{len(heavy)} of them prefilled ≥ {LARGE_PREFILL_TOKENS} tokens"
+            f"{len(stalls)} of {len(view.steps)} steps took ≥ {SPIKE_RATIO:g}× the median step "
+            f"({median * 1000:.1f} ms) while streams decoded in them, up to "
+            f"{worst.duration_s * 1000:.1f} ms ({worst.decode_tokens} "
+            f"stream{'s' * (worst.decode_tokens != 1)} waiting); {len(heavy)} of them "
+            f"prefilled ≥ {LARGE_PREFILL_TOKENS} tokens"
             + (f", {len(several)} of those for several prompts at once" if several else "")
+            + (
+                f" ({alone} more slow step{'s' * (alone != 1)} had no stream decoding: "
+                "nobody waited)"
+                if alone
+                else ""
+            )
         ),
         evidence=tuple(
             f"{_at(s)}: {s.duration_s * 1000:.1f} ms, {s.prefill_tokens} prefill + "
@@ -117,7 +142,7 @@ def spikes(view: RunView) -> Finding | None:
                 if s.prefill_chunks
                 else ""
             )
-            for s in sorted(slow, key=lambda s: -s.duration_s)[:5]
+            for s in sorted(stalls, key=lambda s: -s.duration_s)[:5]
         ),
         knob=(
             f"lower max_num_batched_tokens (now {view.budget}) so a step's prefill is "
@@ -131,7 +156,8 @@ def spikes(view: RunView) -> Finding | None:
         ),
         # Share of the engine's time spent in these steps (a spike is rare by steps, not by
         # the time every stream waits through it).
-        severity=sum(s.duration_s for s in slow) / sum(s.duration_s for s in view.steps),
+        severity=sum(s.duration_s for s in stalls) / sum(s.duration_s for s in view.steps),
+        metrics=("tpot", "itl"),
     )
 
 
@@ -203,6 +229,7 @@ def starvation(view: RunView) -> Finding | None:
         evidence=tuple(evidence),
         knob=knob,
         severity=max(starved_share, full_share),
+        metrics=("ttft", "e2el"),
     )
 
 
@@ -247,6 +274,7 @@ def kv_thrashing(view: RunView) -> Finding | None:
         ),
         knob=knob,
         severity=len(preempting) / len(view.steps),
+        metrics=("ttft", "tpot", "itl", "e2el"),
     )
 
 
@@ -299,6 +327,7 @@ def admission_stall(view: RunView) -> Finding | None:
         ),
         knob=knob,
         severity=max(share_capped, share_blocked),
+        metrics=("ttft", "e2el"),
     )
 
 
@@ -335,6 +364,7 @@ def fragmented_steps(view: RunView) -> Finding | None:
         ),
         knob=knob,
         severity=len(small) / len(view.steps),
+        metrics=("ttft", "e2el"),
     )
 
 
@@ -347,7 +377,34 @@ DETECTORS: tuple[Callable[[RunView], Finding | None], ...] = (
 )
 
 
+def judge(finding: Finding, view: RunView) -> Finding:
+    """The finding against the study's SLOs on its symptom's metrics (what the users felt):
+    one of them broken confirms it (said in its summary); all of them met, the finding says
+    so and that no action is needed, instead of a knob to move (the symptom is real, but
+    within what the study asked for); none on its metrics, it says that too."""
+    if not view.slos:
+        return finding
+    relevant = [m for m in view.slos if m.slo.metric in finding.metrics]
+    if not relevant:
+        said = " or ".join(metric.upper() for metric in finding.metrics)
+        judged = f"the study sets no SLO on {said}: judged on the steps alone"
+        return dataclasses.replace(finding, summary=f"{finding.summary}; {judged}", judged=judged)
+
+    def measured(m: Measured) -> str:
+        return f"SLO {m.slo} ({format_seconds(m.value_s)} measured)"
+
+    broken = [m for m in relevant if not m.met]
+    if broken:
+        judged = "breaks the " + ", ".join(measured(m) for m in broken)
+        return dataclasses.replace(finding, summary=f"{finding.summary}; {judged}", judged=judged)
+    judged = "within the " + ", ".join(measured(m) for m in relevant)
+    return dataclasses.replace(
+        finding, knob=f"no action needed: {judged}", judged=judged, within_slo=True
+    )
+
+
 def diagnose(view: RunView) -> list[Finding]:
-    """Every finding on the run, the most severe first."""
-    findings = [f for f in (detect(view) for detect in DETECTORS) if f is not None]
-    return sorted(findings, key=lambda f: -f.severity)
+    """Every finding on the run, judged against its SLOs (:func:`judge`): those that break
+    an SLO or have none first, the most severe first; then those within their SLOs."""
+    findings = [judge(f, view) for f in (detect(view) for detect in DETECTORS) if f is not None]
+    return sorted(findings, key=lambda f: (f.within_slo, -f.severity))

@@ -7,22 +7,47 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 from prefill_tuner.diagnosis.detectors import Finding, diagnose
-from prefill_tuner.diagnosis.view import RunView, logged_view, simulated_view
+from prefill_tuner.diagnosis.view import Measured, RunView, logged_view, simulated_view
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import profile_from_record
 from prefill_tuner.engines.sim.replicas import simulate_replicas
 from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.slo import parse_slos, split_name
 from prefill_tuner.report import study_trace
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.trace.model import Trace
 
 
 def trial_view(record: StudyRecord, trial: TrialRecord, trace: Trace | None = None) -> RunView:
-    """The trial's run; a one-line :class:`TunerError` when it cannot be rebuilt. ``trace``:
-    the study's trace when the caller has loaded it already."""
+    """The trial's run, with the study's SLOs and the trial's measured statistics (what its
+    findings are judged against); a one-line :class:`TunerError` when it cannot be rebuilt.
+    ``trace``: the study's trace when the caller has loaded it already."""
+    view = _trial_run(record, trial, trace)
+    return dataclasses.replace(view, slos=measured_slos(record, trial))
+
+
+def measured_slos(record: StudyRecord, trial: TrialRecord) -> tuple[Measured, ...]:
+    """The study's SLOs, each with the trial's value of its statistic (NaN: not measured)."""
+    metrics = trial.metrics or {}
+    return tuple(
+        Measured(slo, _statistic(metrics, slo.name)) for slo in parse_slos(list(record.slos))
+    )
+
+
+def _statistic(metrics: dict[str, Any], name: str) -> float:
+    stat, metric, traffic_class = split_name(name)
+    if traffic_class is not None:
+        metrics = (metrics.get("by_class") or {}).get(traffic_class) or {}
+    value = (metrics.get(f"{metric}_s") or {}).get(stat)
+    return float(value) if value is not None else math.nan
+
+
+def _trial_run(record: StudyRecord, trial: TrialRecord, trace: Trace | None) -> RunView:
     where = f"study {record.name}, trial {trial.trial_number}"
     if trial.status == "failed":
         raise TunerError(f"{where} failed ({trial.failure_reason}): no run to diagnose")
@@ -72,7 +97,8 @@ def _simulated_view(trace: Trace, resolved_json: str) -> RunView:
 
 
 def trial_findings(record: StudyRecord, trial: TrialRecord) -> tuple[list[Finding], str | None]:
-    """The trial's findings, or why it could not be diagnosed."""
+    """The trial's findings, judged against the study's SLOs (those within them last, saying
+    no action is needed), or why it could not be diagnosed."""
     try:
         return diagnose(trial_view(record, trial)), None
     except TunerError as exc:

@@ -24,6 +24,7 @@ from prefill_tuner.engines.sim.engine import StepRecord, simulate
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import read_input, why_unreadable
 from prefill_tuner.objectives.metrics import RequestRecord
+from prefill_tuner.objectives.slo import Slo
 from prefill_tuner.timeline import Step, real_steps, sim_step
 from prefill_tuner.trace.model import Trace
 
@@ -39,6 +40,20 @@ class RequestView:
     sent_s: float
     ttft_s: float | None
     """``None``: it never got a first token."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One of the study's SLOs and the run's value of its statistic: what a finding is judged
+    against (what the users felt, not only what the steps look like)."""
+
+    slo: Slo
+    value_s: float
+    """The run's statistic, in seconds; NaN: not measured (a class that finished nothing)."""
+
+    @property
+    def met(self) -> bool:
+        return self.value_s == self.value_s and self.value_s <= self.slo.limit_s
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,9 @@ class RunView:
     share: Trace | None = field(default=None, repr=False)
     """The requests the run served when they are not the study's whole trace (one replica's
     share of a ``tune plan`` trial); ``records`` are theirs, in this order."""
+    slos: tuple[Measured, ...] = ()
+    """The study's SLOs with the run's measured statistics (a stored trial's); empty: the run
+    has no SLOs to be judged against (``tune diagnose --trace`` or ``--steps``)."""
 
     @property
     def budget(self) -> int:

@@ -264,7 +264,8 @@ def _comparison_section(compared: Compared) -> str:
 
 
 def _findings(findings: list[tuple[str, list[Finding], str | None]]) -> str:
-    """What ``tune diagnose`` finds in each compared run."""
+    """What ``tune diagnose`` finds in each compared run, judged against the study's SLOs
+    (one within them is greyed: no action needed)."""
     blocks = []
     for who, found, why in findings:
         if why:
@@ -273,8 +274,9 @@ def _findings(findings: list[tuple[str, list[Finding], str | None]]) -> str:
             items = "<li>no symptom: no spikes, starved prefill, thrashing, stall or fragments</li>"
         else:
             items = "".join(
-                f"<li><b>{html.escape(f.symptom)}</b>: {html.escape(f.summary)}<br>"
-                f"→ {html.escape(f.knob)}</li>"
+                ('<li class="note">' if f.within_slo else "<li>")
+                + f"<b>{html.escape(f.symptom)}</b>{' (within SLO)' * f.within_slo}: "
+                f"{html.escape(f.summary)}<br>→ {html.escape(f.knob)}</li>"
                 for f in found
             )
         blocks.append(f"<h3>What {html.escape(who)} shows</h3><ul>{items}</ul>")
