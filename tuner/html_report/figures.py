@@ -19,6 +19,9 @@ import optuna
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from prefill_tuner.plan import RATE_MULTIPLIER
+from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.search_spaces.space import THRESHOLD_SUFFIX
 from prefill_tuner.storage.models import TrialRecord
 
 COLOURS = {
@@ -38,7 +41,16 @@ def _ms(value: float | None) -> float | None:
 
 
 def _label(name: str) -> str:
-    return f"{name} (ms)" if name.endswith(("_ttft", "_tpot", "_itl", "_e2el")) else name
+    """An objective's axis title, with its unit."""
+    if name == RATE_MULTIPLIER:
+        return f"{name} (× the trace's rate)"
+    return f"{name} (ms)" if _scale(name) > 1 else name
+
+
+def knob_name(param: str) -> str:
+    """The knob an Optuna parameter searches (a threshold is searched as its log2)."""
+    knob = param.removesuffix(THRESHOLD_SUFFIX)
+    return knob if knob in KNOBS else param
 
 
 def _scale(name: str) -> float:
@@ -199,8 +211,8 @@ def optuna_figures(study: optuna.Study, objectives: Sequence[str]) -> list[tuple
     for index, name in enumerate(objectives):
         sign = -1.0 if study.directions[index] == optuna.study.StudyDirection.MAXIMIZE else 1.0
 
-        def target(trial: optuna.trial.FrozenTrial, index: int = index) -> float:
-            return float(trial.values[index])
+        def target(trial: optuna.trial.FrozenTrial, index: int = index, name: str = name) -> float:
+            return float(trial.values[index]) * _scale(name)
 
         def goodness(
             trial: optuna.trial.FrozenTrial, index: int = index, sign: float = sign
@@ -208,7 +220,7 @@ def optuna_figures(study: optuna.Study, objectives: Sequence[str]) -> list[tuple
             return sign * float(trial.values[index])
 
         figure = optuna.visualization.plot_optimization_history(
-            study, target=target, target_name=name
+            study, target=target, target_name=_label(name)
         )
         figure.update_layout(**LAYOUT, title=f"Optimisation history: {name}", height=380)
         figures.append((f"history-{name}", figure))
@@ -218,7 +230,17 @@ def optuna_figures(study: optuna.Study, objectives: Sequence[str]) -> list[tuple
                 importance = optuna.visualization.plot_param_importances(
                     study, target=goodness, target_name=name
                 )
-            importance.update_layout(**LAYOUT, title=f"Parameter importance: {name}", height=320)
+            for bars in importance.data:  # the knobs' names, not the parameters'
+                params = list(bars.y)
+                bars.y = [knob_name(param) for param in params]
+                if isinstance(bars.hovertemplate, tuple | list):
+                    bars.hovertemplate = [
+                        text.replace(param, knob_name(param), 1)
+                        for param, text in zip(params, bars.hovertemplate, strict=True)
+                    ]
+            importance.update_layout(
+                **LAYOUT, title=f"Parameter importance: {name}", height=320, yaxis_title="knob"
+            )
             figures.append((f"importance-{name}", importance))
         except (RuntimeError, ValueError, ZeroDivisionError) as exc:
             figures.append((f"importance-{name}", f"parameter importance for {name}: {exc}"))
@@ -295,13 +317,17 @@ def timeline_figure(compared: Sequence[tuple[str, dict[str, Any]]]) -> go.Figure
             row=1,
             col=column,
         )
+        widths = step_widths(starts, steps["duration_s"])
         for key in ("prefill", "decode"):
             fig.add_trace(
                 go.Bar(
                     x=starts,
                     y=steps[f"{key}_tokens"],
+                    width=widths,
+                    offset=0,  # a step's bar starts when the step does
                     name=f"{key} tokens",
-                    marker={"color": COLOURS[key]},
+                    marker={"color": COLOURS[key], "line": {"width": 0}},
+                    meta={"kind": f"{key} tokens", "who": who},
                     legendgroup=key,
                     showlegend=column == 1,
                     hovertemplate=f"%{{y}} {key} tokens<extra></extra>",
@@ -344,6 +370,20 @@ def timeline_figure(compared: Sequence[tuple[str, dict[str, Any]]]) -> go.Figure
     for column in range(1, len(compared) + 1):
         fig.update_xaxes(title_text="s from the long prompt's arrival", row=3, col=column)
     return fig
+
+
+MIN_BAR_SHARE = 1 / 200
+"""The narrowest a step's bar is drawn, as a share of the window (a few pixels)."""
+
+
+def step_widths(starts: Sequence[float], durations: Sequence[float]) -> list[float]:
+    """Each step's bar width on the time axis: as long as the step ran, never narrower than
+    :data:`MIN_BAR_SHARE` of the window (plotly's own width is the smallest gap between two
+    steps: a 300 ms step would be drawn a few ms wide, and short steps not at all)."""
+    if not starts:
+        return []
+    span = max(s + d for s, d in zip(starts, durations, strict=True)) - min(starts)
+    return [max(duration, span * MIN_BAR_SHARE) for duration in durations]
 
 
 def load_figure(compared: Sequence[tuple[str, dict[str, Any]]]) -> go.Figure:
