@@ -21,6 +21,7 @@ from prefill_tuner.cli.report_cmd import report_command
 from prefill_tuner.cli.results_cmd import export_command, pareto_command
 from prefill_tuner.cli.run_cmd import run_command
 from prefill_tuner.cli.simulate_cmd import simulate_command
+from prefill_tuner.cli.tiny_model_cmd import tiny_model_command
 from prefill_tuner.cli.trace_cmd import trace_app
 from prefill_tuner.cli.verify_cmd import verify_command
 from prefill_tuner.cli.worker_cmd import worker_command
@@ -53,6 +54,7 @@ app.command("simulate")(simulate_command)
 app.command("calibrate")(calibrate_command)
 app.command("diagnose")(diagnose_command)
 app.command("verify")(verify_command)
+app.command("tiny-model")(tiny_model_command)
 
 
 def _print_version(value: bool) -> None:
