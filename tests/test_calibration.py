@@ -416,6 +416,7 @@ def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> Non
     assert code == 0, err
     assert "rebuilt (100%)" in out
     profile = load_profile(str(output))
+    assert profile.name == "calibrated-tiny"  # the study's model, not --model's default
     assert profile.provenance.kind == "calibrated"
     assert "3 trials of study real-study" in profile.provenance.method
     assert profile.engine_defaults == {

@@ -72,7 +72,7 @@ def calibrate_on_server(
         "enable_chunked_prefill": True,
         "long_prefill_token_threshold": max(16, budget // CALIBRATION_THRESHOLD_SHARE),
     }
-    max_model_len = int(engine.max_model_len({}))
+    max_model_len = int(engine.max_model_len(settings))  # --set max_model_len, if given
     trace = profiling_trace(
         max_model_len=max_model_len,
         max_num_seqs=int(settings.get("max_num_seqs") or 256),

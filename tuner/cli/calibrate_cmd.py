@@ -6,7 +6,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
@@ -25,6 +25,7 @@ from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.plan import check_study_name
+from prefill_tuner.search_spaces.space import parse_assignments, parse_value
 
 CALIBRATION_SEQS = 128
 """Largest decode batch of the designed workload unless ``--max-num-seqs`` says otherwise."""
@@ -73,9 +74,21 @@ def calibrate_command(
             "max_model_len prompt takes over a second).",
         ),
     ] = 1.0,
+    set_values: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Fixed engine setting of the calibration server, as tune run takes it, e.g. "
+            "max_model_len=2048 (repeatable).",
+        ),
+    ] = None,
     name: Annotated[
         str | None,
-        typer.Option("--name", help="The profile's name (default: calibrated-MODEL)."),
+        typer.Option(
+            "--name",
+            help="The profile's name (default: calibrated-MODEL, MODEL the one calibrated: "
+            "--model, or the study's).",
+        ),
     ] = None,
     as_json: JsonOpt = False,
     *,
@@ -85,22 +98,22 @@ def calibrate_command(
     workload on one server (--engine vllm), or reuse a study's real trials (--from-study);
     print the fit's held-out error and write the profile for --profile."""
     check_output(output)
-    profile_name = name or "calibrated-" + (
-        re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model).name).strip("-") or "model"
-    )
     err = error_console()
     if from_study is not None:
         check_study_name(from_study, "--from-study")
         if engine_name is not None:
             raise TunerError("--from-study: give it alone; it starts no server (drop --engine)")
+        if set_values:
+            raise TunerError("--set: only with --engine vllm (--from-study starts no server)")
         from prefill_tuner.calibration.sources import calibrate_from_study
         from prefill_tuner.storage.store import TunerStore
 
         store = TunerStore(storage, create=False)
+        record = store.get_study(from_study)  # calibrate_from_study says when there is none
         calibration = calibrate_from_study(
             store,
             from_study,
-            name=profile_name,
+            name=name or profile_name(record.model if record else model),
             on_start=lambda line: err.print(line, markup=False),
         )
     else:
@@ -111,8 +124,10 @@ def calibrate_command(
             )
         from prefill_tuner.calibration.sources import calibrate_on_server
 
+        fixed = _fixed_settings(set_values)
         trial_engine = build_engine(dataclasses.replace(engine, model=model))
-        settings = {**trial_engine.default_settings(), "max_num_seqs": max_num_seqs}
+        fixed = trial_engine.validate_fixed(fixed)  # vLLM's parser, before a server starts
+        settings = {**trial_engine.default_settings(), **fixed, "max_num_seqs": max_num_seqs}
         if max_num_batched_tokens is not None:
             settings["max_num_batched_tokens"] = max_num_batched_tokens
         settings["max_num_batched_tokens"] = max(
@@ -125,7 +140,7 @@ def calibrate_command(
             markup=False,
         )
         calibration = calibrate_on_server(
-            trial_engine, settings, model=model, name=profile_name, spacing=spacing
+            trial_engine, settings, model=model, name=name or profile_name(model), spacing=spacing
         )
     with atomic_text(output) as stream:
         yaml.safe_dump(
@@ -137,6 +152,27 @@ def calibrate_command(
         output_console().print(
             "\n".join(report_lines(calibration, output)), crop=False, markup=False
         )
+
+
+def profile_name(model: str) -> str:
+    """A calibrated profile's default name: the model's, as a file name may hold it."""
+    return "calibrated-" + (
+        re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model).name).strip("-") or "model"
+    )
+
+
+def _fixed_settings(assignments: list[str] | None) -> dict[str, Any]:
+    """``--set`` values; the two knobs the designed workload is built to have their own
+    options."""
+    fixed = {
+        knob: parse_value(value)
+        for knob, value in parse_assignments(list(assignments or []), "--set").items()
+    }
+    for knob in ("max_num_seqs", "max_num_batched_tokens"):
+        if knob in fixed:
+            flag = "--" + knob.replace("_", "-")
+            raise TunerError(f"--set {knob}: give {flag} (the designed workload is built to it)")
+    return fixed
 
 
 def report_data(calibration: Calibration, output: Path) -> dict[str, object]:
