@@ -19,6 +19,7 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, SQLA
 from sqlalchemy.orm import Session, selectinload
 
 from prefill_tuner.errors import TunerError
+from prefill_tuner.files import SQLITE_HEADER
 from prefill_tuner.redaction import redact
 from prefill_tuner.storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
 
@@ -94,7 +95,9 @@ class TunerStore:
         PostgreSQL (and other servers): a row lock on the study's ``tuner_studies`` row, in a
         transaction of its own (``FOR NO KEY UPDATE``, so trials can still be inserted while
         it is held). SQLite: an exclusive ``flock`` on ``DATABASE.lock`` beside the file (the
-        database's own write lock would block Optuna's writes made inside the block).
+        database's own write lock would block Optuna's writes made inside the block). The
+        file lock is the whole database's, so a block inside another (any study of the same
+        file) holds it already.
         """
         if self.engine.dialect.name != "sqlite":
             with self.session() as session, session.begin():
@@ -109,12 +112,49 @@ class TunerStore:
         if not database or database == ":memory:":
             yield  # one process only
             return
-        with open(f"{database}.lock", "a") as lock:
+        path = os.path.realpath(f"{database}.lock")
+        if path in _STUDY_LOCKS_HELD:
+            yield  # this process holds it (a screening's study, inside a claim)
+            return
+        with open(path, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            _STUDY_LOCKS_HELD.add(path)
             try:
                 yield
             finally:
+                _STUDY_LOCKS_HELD.discard(path)
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    @contextmanager
+    def run_lock(self, study: StudyRecord) -> Iterator[bool]:
+        """Hold the study's run lock while the block runs: the block gets ``True`` when it
+        holds it (or this process already did: the block is inside another), ``False`` when
+        another process does (it is not waited for).
+
+        One process at a time runs a study's trials by its own count (``tune run``): two would
+        each run ``--trials`` of them. The lock is the operating system's or the database
+        server's, so it ends with its process however that ends (a SIGKILL included).
+        PostgreSQL: a session-level advisory lock, on a connection of its own for the block.
+        SQLite: a POSIX record lock, at the study's id, on ``DATABASE.runs.lock`` beside the
+        file (the :meth:`study_lock` file is ``flock``'d: the two kinds never block each
+        other)."""
+        database = self.engine.url.database
+        sqlite = self.engine.dialect.name == "sqlite"
+        if sqlite and (not database or database == ":memory:"):
+            yield True  # one process only
+            return
+        where = os.path.realpath(f"{database}.runs.lock") if sqlite else redact_url(self.url)
+        if (where, study.id) in _RUNS_HELD:
+            yield True
+            return
+        acquired = _postgres_run_lock if not sqlite else _sqlite_run_lock
+        with acquired(self.engine, where, study.id) as held:
+            if held:
+                _RUNS_HELD.add((where, study.id))
+            try:
+                yield held
+            finally:
+                _RUNS_HELD.discard((where, study.id))
 
     def add_trial(self, study: StudyRecord, engine: str, version: str, **fields: Any) -> None:
         with self.session() as session, session.begin():
@@ -159,6 +199,48 @@ class TunerStore:
             ).all()
 
 
+_STUDY_LOCKS_HELD: set[str] = set()
+"""The study-lock files this process holds (their ``flock`` would block a second open)."""
+_RUN_LOCK_FILES: dict[str, Any] = {}
+"""The run-lock files this process opened, kept open: closing any descriptor of a file drops
+every POSIX lock the process holds on it (another study's run lock among them)."""
+_RUNS_HELD: set[tuple[str, int]] = set()
+"""(where, study id) of the run locks this process holds (see :meth:`TunerStore.run_lock`)."""
+
+RUN_LOCK_NAMESPACE = 0x7475_6E65
+"""The first key of PostgreSQL's advisory run locks ("tune"); the second is the study's id."""
+
+
+@contextmanager
+def _postgres_run_lock(engine: Engine, where: str, study_id: int) -> Iterator[bool]:
+    with engine.connect() as connection:
+        keys = {"a": RUN_LOCK_NAMESPACE, "b": study_id}
+        held = bool(connection.scalar(text("SELECT pg_try_advisory_lock(:a, :b)"), keys))
+        connection.commit()
+        try:
+            yield held
+        finally:
+            if held:
+                connection.execute(text("SELECT pg_advisory_unlock(:a, :b)"), keys)
+                connection.commit()
+
+
+@contextmanager
+def _sqlite_run_lock(engine: Engine, where: str, study_id: int) -> Iterator[bool]:
+    lock = _RUN_LOCK_FILES.get(where)
+    if lock is None:
+        lock = _RUN_LOCK_FILES[where] = open(where, "a")  # noqa: SIM115 (see _RUN_LOCK_FILES)
+    try:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, study_id)
+    except OSError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        fcntl.lockf(lock, fcntl.LOCK_UN, 1, study_id)
+
+
 def _add_new_columns(engine: Engine) -> None:
     """Bring a database written by an earlier version up to date: columns added since then are
     all nullable, so ``ALTER TABLE ... ADD COLUMN`` is the whole migration."""
@@ -186,6 +268,18 @@ STORAGE_FORMS = "sqlite:///FILE or postgresql+psycopg://USER[:PASSWORD]@HOST[:PO
 POSTGRES_EXTRA = "pip install 'vllm-prefill-tuner[postgres]'"
 DRIVERS = {"postgresql": "psycopg", "sqlite": "pysqlite"}
 """The driver the tuner supports for each kind of database."""
+
+
+def inputs_of(url: str) -> list[Path]:
+    """The file a SQLite storage URL names, whether or not it exists yet (none for a database
+    server, an in-memory database or a URL that is no storage URL): what an output option
+    must never replace (:func:`prefill_tuner.files.check_output`)."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError, TypeError):
+        return []
+    database = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    return [Path(database)] if database and database != ":memory:" else []
 
 
 def check_storage_url(url: str, *, must_exist: bool = False) -> URL:
@@ -273,7 +367,6 @@ def _check_sqlite_path(parsed: URL, shown: str, must_exist: bool) -> None:
         )
 
 
-SQLITE_HEADER = b"SQLite format 3\x00"
 """How every SQLite database file begins (https://www.sqlite.org/fileformat.html)."""
 
 

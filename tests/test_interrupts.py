@@ -21,12 +21,13 @@ HANGING = Path(__file__).with_name("hanging_worker.py")
 
 
 def _stop_during_trial(
-    storage: str, tmp_path: Path, nth_run: int, signals: tuple[str, ...]
+    storage: str, tmp_path: Path, nth_run: int, signals: tuple[str, ...], hang_in: str = "run"
 ) -> tuple[int, str]:
-    """Start ``tune run`` whose ``nth_run`` engine run hangs; once inside it, send the first
-    signal (a second one, if given, lands during the clean-up)."""
+    """Start ``tune run`` whose ``nth_run`` engine run hangs (``hang_in="ask"``: whose
+    ``nth_run`` trial hangs inside Optuna's ``ask``, RUNNING before any code of ours has it);
+    once there, send the first signal (a second one, if given, lands during the clean-up)."""
     marker = tmp_path / "inside"
-    env = dict(os.environ)
+    env = {**os.environ, "HANG_IN": hang_in}
     if len(signals) == 2:
         env["SECOND_SIGNAL"] = signals[1]
     process = subprocess.Popen(
@@ -82,6 +83,101 @@ def test_stopped_during_the_baseline_then_resumed(
     retry = study.trials[baselines[0].trial_number]
     assert retry.user_attrs["retry_of"] == 0 and retry.params == study.trials[0].params
     assert "against the engine defaults" in out or "already the best" in out
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [("SIGKILL",), ("SIGTERM", "SIGTERM"), ("SIGINT",)],
+    ids=["sigkill", "sigterm-twice", "ctrl-c"],
+)
+def test_stopped_inside_optunas_ask_the_baseline_runs_on_resume(
+    tune, tmp_path: Path, signals: tuple[str, ...]
+) -> None:
+    """Optuna makes the queued baseline RUNNING inside ``ask``, before our objective has it
+    (and before its parameters are suggested): a stop there left it RUNNING for ever, or
+    queued again without its parameters, and the resume never ran the engine's defaults."""
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    code, err = _stop_during_trial(storage, tmp_path, 1, signals, hang_in="ask")
+    if signals[0] == "SIGKILL":
+        assert code == -signal.SIGKILL
+    else:
+        assert code == 130 and "Traceback" not in err, err
+    study = optuna.load_study(study_name="s", storage=storage)
+    expected = TrialState.RUNNING if signals[0] == "SIGKILL" else TrialState.FAIL
+    assert study.trials[0].state == expected
+    defaults = study.trials[0].system_attrs["fixed_params"]
+
+    code, out, err = tune(*run_args(storage, 4))
+    assert code == 0, err
+    assert "trial 0 did not finish in an earlier run and runs again" in err
+    study = optuna.load_study(study_name="s", storage=storage)
+    states = [t.state for t in study.trials]
+    assert TrialState.RUNNING not in states and states.count(TrialState.COMPLETE) == 4
+    _, trials = stored(storage)
+    baselines = [t for t in trials if t.is_baseline]
+    assert len(baselines) == 1
+    assert study.trials[baselines[0].trial_number].params == defaults
+    assert "against the engine defaults" in out or "already the best" in out
+
+
+def test_a_second_run_of_a_running_study_is_refused(tune, tmp_path: Path) -> None:
+    """Two ``tune run``s of one study would each run its --trials (22 of a 12-trial study):
+    the second is refused before any trial while the first runs, and runs once it is gone
+    (killed: the lock is the operating system's, so it ends with the process)."""
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    marker = tmp_path / "inside"
+    process = subprocess.Popen(
+        [sys.executable, str(HANGING), str(marker), "2", *run_args(storage, 4)],
+        stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert process.poll() is None, "tune run ended before its second trial"
+            assert time.monotonic() < deadline, "tune run never reached its second trial"
+            time.sleep(0.05)
+        before = len(optuna.load_study(study_name="s", storage=storage).trials)
+        code, _, err = tune(*run_args(storage, 4))
+        assert code == 2, err
+        assert f"study 's' is being run by another process (pid {process.pid} on host" in err
+        assert len(err.strip().splitlines()) == 1, err
+        assert len(optuna.load_study(study_name="s", storage=storage).trials) == before
+    finally:
+        process.kill()
+        process.wait()
+    code, _, err = tune(*run_args(storage, 4))
+    assert code == 0, err
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 4
+
+
+def test_a_stop_a_finalizer_swallowed_still_stops(tmp_path: Path) -> None:
+    """A KeyboardInterrupt raised while Python runs a finalizer is printed and dropped: the
+    command went on to its end (exit 0) after a Ctrl-C. The process's stop handler raises
+    it again once out of the finalizer, and prints no traceback."""
+    script = tmp_path / "swallowed.py"
+    script.write_text(
+        "import gc, os, signal, sys\n"
+        "from prefill_tuner.stopping import install_for_process\n"
+        "install_for_process()\n"
+        "class Finalized:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        for _ in range(1000):\n"
+        "            pass\n"
+        "try:\n"
+        "    Finalized()\n"
+        "    gc.collect()\n"
+        "    for step in range(2000):\n"
+        "        signal.sigtimedwait([signal.SIGUSR1], 0.01)\n"
+        "    print('went on to the end')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('stopped')\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "stopped", (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 def test_stopped_mid_study_reruns_the_interrupted_settings(tune, tmp_path: Path) -> None:

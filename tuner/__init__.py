@@ -2,13 +2,14 @@
 
 The public API (everything else is internal and may change)::
 
+    from contextlib import closing
     import prefill_tuner as pt
 
-    engine = pt.build_engine(pt.EngineOptions())            # the simulator
-    plan = pt.build_plan(engine, trace_path=pt.SAMPLE_TRACE, slos=["p99_tpot=50ms"],
-                         shaping=pt.ShapeOptions(), storage_url="sqlite:///tune.db")
-    store = pt.TunerStore(plan.storage_url)
-    pt.run_study(plan, engine, store)
+    with closing(pt.build_engine(pt.EngineOptions())) as engine:  # the simulator
+        plan = pt.build_plan(engine, trace_path=pt.SAMPLE_TRACE, slos=["p99_tpot=50ms"],
+                             shaping=pt.ShapeOptions(), storage_url="sqlite:///tune.db")
+        store = pt.TunerStore(plan.storage_url)
+        pt.run_study(plan, engine, store)
     summary = pt.summarize_stored(store, plan.name)
     print(summary.recommended.serve_command)
 

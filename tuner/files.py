@@ -39,12 +39,16 @@ def why_unreadable(exc: Exception) -> str:
 
 def check_output(path: str | Path, inputs: Sequence[str | Path] = ()) -> Path:
     """The output path, if writing there replaces at most a regular file that is none of
-    ``inputs``; a one-line :class:`TunerError` otherwise. A symbolic link is refused (not
-    followed, not replaced): name the file it points to."""
+    ``inputs`` (the command's trace, its database: given or about to be created) and no
+    SQLite database; a one-line :class:`TunerError` otherwise. A symbolic link is refused
+    (not followed, not replaced): name the file it points to."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not os.path.isdir(directory):
         raise TunerError(f"{target}: the output folder {str(directory)!r} does not exist")
+    for source in inputs:
+        if _same_file(source, target):
+            raise TunerError(f"{target}: is the input file {source}; write to another file")
     try:
         mode = target.lstat().st_mode
     except FileNotFoundError:
@@ -61,14 +65,34 @@ def check_output(path: str | Path, inputs: Sequence[str | Path] = ()) -> Path:
         raise TunerError(
             f"{target}: is not a regular file (a FIFO, device or socket); refusing to replace it"
         )
-    for source in inputs:
-        try:
-            same = os.path.samefile(source, target)
-        except OSError:
-            continue
-        if same:
-            raise TunerError(f"{target}: is the input file {source}; write to another file")
+    if _is_database(target):
+        raise TunerError(
+            f"{target}: is a SQLite database (a study's storage?); refusing to replace it: "
+            "write to another file"
+        )
     return target
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _same_file(source: str | Path, target: Path) -> bool:
+    """Whether ``target`` is ``source``: the same file, or, while either does not exist yet
+    (a database a command is about to create), the same path once links are resolved."""
+    try:
+        return os.path.samefile(source, target)
+    except OSError:
+        return os.path.realpath(source) == os.path.realpath(target)
+
+
+def _is_database(target: Path) -> bool:
+    """Whether the existing file is a SQLite database: no output of ours ever is one, and
+    replacing one would lose every study in it."""
+    try:
+        with open(target, "rb") as stream:
+            return stream.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        return False
 
 
 @contextmanager

@@ -58,6 +58,7 @@ from prefill_tuner.study import (
     open_study,
     prepare_run,
     run_study,
+    running,
 )
 
 SCREENING_ATTR = "screening"
@@ -411,48 +412,51 @@ def run_screened_study(
     progress = progress or StudyProgress()
     deadline = None if plan.timeout_s is None else time.monotonic() + plan.timeout_s
     study, record = opened
-    prepare_run(study, plan, engine)
+    with running(study, store, record):
+        recovered = prepare_run(study, plan, engine, store, record)
 
-    def complete() -> int:
-        return sum(1 for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
+        def complete() -> int:
+            return sum(1 for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
 
-    def objective(screening: Screening | None, whole: bool = False) -> TrialObjective:
-        finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        # The baseline is replayed to the end even when it misses the SLOs: its whole step
-        # log (and its TTFTs, not lower bounds of them) is what the simulator is fitted to.
-        run_plan = dataclasses.replace(plan, early_abort=False) if whole else plan
-        return TrialObjective(
-            run_plan,
-            engine,
-            store,
-            record,
-            progress,
-            finished,
-            standalone=True,
-            predict=predictor(screening, plan),
-        )
+        def objective(screening: Screening | None, whole: bool = False) -> TrialObjective:
+            finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+            # The baseline is replayed to the end even when it misses the SLOs: its whole step
+            # log (and its TTFTs, not lower bounds of them) is what the simulator is fitted to.
+            run_plan = dataclasses.replace(plan, early_abort=False) if whole else plan
+            return TrialObjective(
+                run_plan,
+                engine,
+                store,
+                record,
+                progress,
+                finished,
+                standalone=True,
+                predict=predictor(screening, plan),
+            )
 
-    def time_left() -> float | None:
-        return None if deadline is None else deadline - time.monotonic()
+        def time_left() -> float | None:
+            return None if deadline is None else deadline - time.monotonic()
 
-    progress.on_start(complete(), max(plan.trials - complete(), 0))
-    screening = load_screening(study)
-    if baseline_pending(study) and complete() < plan.trials:
-        study.optimize(objective(screening, whole=True), n_trials=1, catch=())
-    if screening is None and complete() < plan.trials:
-        screening = screen(plan, store, record, study, say)
-    while complete() < plan.trials:
+        progress.on_start(complete(), max(plan.trials - complete(), 0))
+        if recovered:
+            progress.on_recovered(recovered)
+        screening = load_screening(study)
+        if baseline_pending(study) and complete() < plan.trials:
+            study.optimize(objective(screening, whole=True), n_trials=1, catch=())
+        if screening is None and complete() < plan.trials:
+            screening = screen(plan, store, record, study, say)
+        while complete() < plan.trials:
+            left = time_left()
+            candidate = next_candidate(study, screening)
+            if candidate is None or (left is not None and left <= 0):
+                break
+            enqueue_candidate(study, candidate)
+            study.optimize(objective(screening), n_trials=1, catch=())
+            screening = refine(study, plan, store, say)
+        remaining = max(plan.trials - complete(), 0)
         left = time_left()
-        candidate = next_candidate(study, screening)
-        if candidate is None or (left is not None and left <= 0):
-            break
-        enqueue_candidate(study, candidate)
-        study.optimize(objective(screening), n_trials=1, catch=())
-        screening = refine(study, plan, store, say)
-    remaining = max(plan.trials - complete(), 0)
-    left = time_left()
-    if remaining and (left is None or left > 0):
-        study.optimize(objective(screening), n_trials=remaining, timeout=left, catch=())
+        if remaining and (left is None or left > 0):
+            study.optimize(objective(screening), n_trials=remaining, timeout=left, catch=())
     return study
 
 

@@ -16,7 +16,8 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -64,6 +65,8 @@ class StudyProgress:
 
     on_start: Callable[[int, int], None] = lambda finished, remaining: None
     on_trial: Callable[[TrialResult], None] = lambda result: None
+    on_recovered: Callable[[list[int]], None] = lambda numbers: None
+    """Trials an earlier run did not finish (stopped, killed), queued to run again."""
 
 
 RUNNER_ATTR = "runner"
@@ -94,25 +97,80 @@ def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     """Queue a trial that did not finish to run again, with the same parameters and marks
     (a baseline stays the baseline)."""
     attrs = {k: v for k, v in trial.user_attrs.items() if k not in (RUNNER_ATTR,)}
-    study.enqueue_trial(trial.params, user_attrs={**attrs, "retry_of": trial.number})
+    # A queued trial's parameters are Optuna's ``fixed_params`` until the objective suggests
+    # them: a trial stopped before that (inside Optuna's ``ask``) has no ``params`` yet.
+    params = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
+    study.enqueue_trial(params, user_attrs={**attrs, "retry_of": trial.number})
 
 
-def recover_orphans(study: optuna.Study) -> list[int]:
-    """Fail and queue again the RUNNING trials of ``tune run`` processes on this machine that
-    no longer exist (a SIGKILL, a power cut): without this they stay RUNNING for ever. Trials
-    of other machines, and of workers (whose heartbeats say when they died), are left alone."""
-    host = socket.gethostname()
+WORKER_ATTR = "worker"
+"""User attribute naming the ``tune worker`` that claimed a trial (it has heartbeats)."""
+RUN_BY_ATTR = "run_by"
+"""Study user attribute: the process that holds (or last held) the study's run lock."""
+
+
+def recover_orphans(
+    study: optuna.Study, store: TunerStore, record: StudyRecord, *, ours: bool = False
+) -> list[int]:
+    """Fail and queue again the RUNNING trials that no process will finish; without this they
+    stay RUNNING for ever. Called under the study's run lock (:func:`running`), so no other
+    ``tune run`` is creating trials. The orphans: the trials of ``tune run`` processes on this
+    machine that no longer exist (a SIGKILL, a power cut); the trials a run left before its
+    objective marked them (a stop inside Optuna's ``ask``, which makes a trial RUNNING before
+    it is handed over); and with ``ours``, this process's own (after a stop). Trials of other
+    machines' runs, and of workers (whose heartbeats say when they died), are left alone."""
+    host, me = socket.gethostname(), this_runner()
     recovered = []
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        runner = trial.user_attrs.get(RUNNER_ATTR)
-        if not isinstance(runner, dict) or runner.get("host") != host:
-            continue
-        if _process_start(int(runner.get("pid", -1))) == runner.get("start"):
-            continue  # still running
-        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-        requeue(study, trial)
-        recovered.append(trial.number)
+    with store.study_lock(record):  # a worker marks the trial it asked for under this lock
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            runner = trial.user_attrs.get(RUNNER_ATTR)
+            if WORKER_ATTR in trial.user_attrs:
+                continue
+            if isinstance(runner, dict):
+                if runner.get("host") != host:
+                    continue
+                if runner == me and not ours:
+                    continue
+                alive = _process_start(int(runner.get("pid", -1))) == runner.get("start")
+                if alive and runner != me:
+                    continue
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            requeue(study, trial)
+            recovered.append(trial.number)
     return recovered
+
+
+@contextmanager
+def running(study: optuna.Study, store: TunerStore, record: StudyRecord) -> Iterator[None]:
+    """The block in which this process runs the study's trials: it holds the study's run
+    lock (:meth:`~prefill_tuner.storage.store.TunerStore.run_lock`; another process running
+    the study is a :class:`TunerError`, before any trial), and a stop (``KeyboardInterrupt``)
+    leaves no trial of its RUNNING."""
+    with store.run_lock(record) as held:
+        if not held:
+            raise TunerError(
+                f"study {record.name!r} is being run by another process"
+                f"{_holder_words(study.user_attrs.get(RUN_BY_ATTR))}: two runs would each run "
+                "its --trials; wait for that one to end, or stop it (its finished trials are "
+                "kept) and run this command again"
+            )
+        study.set_user_attr(
+            RUN_BY_ATTR, {**this_runner(), "since": datetime.now(timezone.utc).isoformat()}
+        )
+        try:
+            yield
+        except KeyboardInterrupt:
+            recover_orphans(study, store, record, ours=True)
+            raise
+
+
+def _holder_words(holder: Any) -> str:
+    """`` (pid 123 on host h, since 2026-12-01 21:40 UTC)``: who holds a run lock, as the
+    holder recorded it; empty when it did not."""
+    if not isinstance(holder, dict):
+        return ""
+    since = str(holder.get("since", ""))[:16].replace("T", " ")
+    return f" (pid {holder.get('pid')} on host {holder.get('host')}, since {since} UTC)"
 
 
 def make_sampler(kind: str, seed: int, startup_trials: int = 8) -> optuna.samplers.BaseSampler:
@@ -278,21 +336,31 @@ def enqueue_rule_trials(study: optuna.Study, plan: StudyPlan, engine: TrialEngin
     if not plan.rule_trials or plan.screen_trials:
         return
     defaults = engine.default_settings()
-    for trial in rule_trials(plan, defaults, engine.max_model_len(dict(plan.space.fixed))):
+    rules = rule_trials(plan, defaults, engine.max_model_len(dict(plan.space.fixed)))
+    for trial in rules[: max(plan.trials - 1, 0)]:  # no more than the study will run
         study.enqueue_trial(plan.space.params_for(trial.settings), user_attrs={"rule": trial.rule})
 
 
-def prepare_run(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) -> None:
-    """Before a run starts trials: fail what a dead run left RUNNING, seed the sampler for
-    this run, and queue the baseline on a first run (or when it never finished), and on a
-    first run the rule-derived trials after it."""
-    recover_orphans(study)
+def prepare_run(
+    study: optuna.Study,
+    plan: StudyPlan,
+    engine: TrialEngine,
+    store: TunerStore,
+    record: StudyRecord,
+) -> list[int]:
+    """Before a run starts trials (inside :func:`running`): fail what a dead run left RUNNING
+    and queue it again, seed the sampler for this run, and queue the baseline on a first run
+    (or when it never finished), and on a first run the rule-derived trials after it. Returns
+    the numbers of the trials an earlier run did not finish, queued to run again."""
+    recover_orphans(study, store, record)
     study.sampler = make_sampler(plan.sampler, plan.seed + len(study.trials), plan.startup_trials)
     first_run = not study.trials
     if not any(t.user_attrs.get("baseline") and t.state in LIVE for t in study.trials):
         enqueue_baseline(study, plan, engine)
     if first_run:
         enqueue_rule_trials(study, plan, engine)
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    return [t.user_attrs["retry_of"] for t in waiting if "retry_of" in t.user_attrs]
 
 
 def run_study(
@@ -310,27 +378,30 @@ def run_study(
     already opened (and so checked) it."""
     progress = progress or StudyProgress()
     study, record = opened or open_study(plan, store, engine)
-    prepare_run(study, plan, engine)
-    finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    remaining = max(plan.trials - len(finished), 0)
-    if until_feasible and any(_met(trial) for trial in finished):
-        remaining = 0
-    progress.on_start(len(finished), remaining)
-    if remaining == 0:
-        return study
-    objective = TrialObjective(plan, engine, store, record, progress, finished, standalone=True)
+    with running(study, store, record):
+        recovered = prepare_run(study, plan, engine, store, record)
+        finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        remaining = max(plan.trials - len(finished), 0)
+        if until_feasible and any(_met(trial) for trial in finished):
+            remaining = 0
+        progress.on_start(len(finished), remaining)
+        if recovered:
+            progress.on_recovered(recovered)
+        if remaining == 0:
+            return study
+        objective = TrialObjective(plan, engine, store, record, progress, finished, standalone=True)
 
-    def stop_once_met(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if until_feasible and _met(trial):
-            study.stop()
+        def stop_once_met(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+            if until_feasible and _met(trial):
+                study.stop()
 
-    study.optimize(
-        objective,
-        n_trials=remaining,
-        timeout=plan.timeout_s,
-        catch=(),
-        callbacks=[stop_once_met],
-    )
+        study.optimize(
+            objective,
+            n_trials=remaining,
+            timeout=plan.timeout_s,
+            catch=(),
+            callbacks=[stop_once_met],
+        )
     return study
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from typing import NoReturn
 
 import optuna
 import typer
+from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from prefill_tuner import __version__, exit_codes
@@ -16,6 +18,7 @@ from prefill_tuner.cli.calibrate_cmd import calibrate_command
 from prefill_tuner.cli.diagnose_cmd import diagnose_command
 from prefill_tuner.cli.listing_cmd import studies_command, trials_command
 from prefill_tuner.cli.nightly_cmd import nightly_command
+from prefill_tuner.cli.options import finite_floats
 from prefill_tuner.cli.plan_cmd import plan_command
 from prefill_tuner.cli.report_cmd import report_command
 from prefill_tuner.cli.results_cmd import export_command, pareto_command
@@ -55,6 +58,8 @@ app.command("calibrate")(calibrate_command)
 app.command("diagnose")(diagnose_command)
 app.command("verify")(verify_command)
 app.command("tiny-model")(tiny_model_command)
+for _command in (*app.registered_commands, *trace_app.registered_commands):
+    _command.callback = finite_floats(_command.callback)  # type: ignore[arg-type]
 
 
 def _print_version(value: bool) -> None:
@@ -128,6 +133,9 @@ def _parser_error(exc: Exception) -> NoReturn:
         _fail("aborted", exit_codes.FAILURE)
     message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
     context = getattr(exc, "ctx", None)
+    not_finite = _not_finite(exc)
+    if not_finite:
+        exc.message = not_finite  # type: ignore[attr-defined]
     if context is not None:
         message += f" (see {context.command_path} --help)"
     _fail(message, int(getattr(exc, "exit_code", exit_codes.FAILURE)))
@@ -135,6 +143,22 @@ def _parser_error(exc: Exception) -> NoReturn:
 
 def _fail(message: str, code: int, stdout_failed: bool = False) -> NoReturn:
     """One line on stderr, then exit. A failed stdout (a closed pipe, a full disk) is pointed
+def _not_finite(exc: Exception) -> str | None:
+    """What a number option's value is when it is ``nan`` or an infinity: typer checks the
+    option's range first, and ``nan`` fails every comparison ('should be ≥ 0', about a value
+    that is no number at all)."""
+    cause = exc.__cause__
+    errors = cause.errors() if isinstance(cause, ValidationError) else []
+    given = errors[0].get("input") if errors else None
+    try:
+        value = float(given)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if math.isfinite(value):
+        return None
+    return f"{given!r} is {'not a number' if math.isnan(value) else 'not a finite number'}"
+
+
     at /dev/null first, so that Python's exit does not fail again flushing what is left."""
     if stdout_failed:
         with contextlib.suppress(OSError, ValueError, AttributeError):

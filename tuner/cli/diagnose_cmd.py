@@ -27,7 +27,6 @@ from prefill_tuner.diagnosis import Finding, RunView, diagnose, logged_view, sim
 from prefill_tuner.diagnosis.sources import trial_view
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim import load_profile
-from prefill_tuner.engines.sim.config import resolve_config
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace import load_trace
 from prefill_tuner.trace.model import Trace
@@ -96,7 +95,7 @@ def diagnose_command(
         what = f"{trace_file}, replayed on {model}"
     else:
         engine_profile = load_profile(profile)
-        config = resolve_config(engine_profile, engine.settings, engine.kv_cache_memory_bytes)
+        config = engine.config(engine_profile)
         if steps_file is not None:
             view = logged_view(steps_file, config.model_dump())
             what = str(steps_file)
@@ -139,13 +138,16 @@ def _stored(study_name: str, trial: int | None, storage: str) -> tuple[RunView, 
     record = store.get_study(name)
     assert record is not None
     trials = store.trials(record)
+    if not trials:
+        raise TunerError(f"study {name} has no finished trial yet; nothing to diagnose")
     chosen = next(
         (t for t in trials if (t.trial_number == trial if trial is not None else t.is_baseline)),
         None,
     )
     if chosen is None:
-        numbers = ", ".join(str(t.trial_number) for t in trials) or "none"
-        raise TunerError(f"--trial {trial}: study {name} has no such trial (trials: {numbers})")
+        numbers = ", ".join(str(t.trial_number) for t in trials)
+        which = "the baseline" if trial is None else f"--trial {trial}"
+        raise TunerError(f"{which}: study {name} has no such finished trial (trials: {numbers})")
     label = " (the baseline)" if chosen.is_baseline else ""
     return trial_view(record, chosen), f"study {name}, trial {chosen.trial_number}{label}"
 

@@ -20,6 +20,7 @@ from prefill_tuner.cli.display import (
 )
 from prefill_tuner.cli.options import (
     ENGINE,
+    MAX_TRIALS,
     SPACE,
     TRACE,
     ErrorBudgetOpt,
@@ -54,7 +55,7 @@ def nightly_command(
     slo: SloOpt,
     storage: StorageOpt = defaults.STORAGE,
     trials: Annotated[
-        int, typer.Option("--trials", min=1, help="Trials of tonight's search.")
+        int, typer.Option("--trials", min=1, max=MAX_TRIALS, help="Trials of tonight's search.")
     ] = defaults.TRIALS,
     deadline: Annotated[
         float | None,

@@ -18,6 +18,7 @@ from prefill_tuner.cli.display import (
     quiet_optuna,
     stop_signals,
 )
+    MAX_TRIALS,
 from prefill_tuner.cli.options import (
     SPACE,
     TRACE,
@@ -81,6 +82,7 @@ def plan_command(
         typer.Option(
             "--trials",
             min=1,
+            max=MAX_TRIALS,
             help="Trials per replica count: a count is not met when none of these meets the "
             "SLOs; the answer's study runs them all to find the best settings.",
         ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from collections.abc import Callable
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +21,6 @@ from prefill_tuner.cli.display import (
     print_document,
     print_study_header,
     quiet_optuna,
-    stop_signals,
 )
 from prefill_tuner.cli.options import (
     ENGINE,
@@ -51,8 +51,9 @@ from prefill_tuner.infeasibility import latency_floor, rate_headroom
 from prefill_tuner.plan import SpaceSpec, StudyPlan, build_plan
 from prefill_tuner.report import StudySummary, render_summary, summarize_stored
 from prefill_tuner.screening import give_profile, run_screened_study, stand_in
-from prefill_tuner.storage.store import TunerStore, redact_url
-from prefill_tuner.study import baseline_outside, open_study, run_study
+from prefill_tuner.stopping import stop_signals
+from prefill_tuner.storage.store import TunerStore, inputs_of, redact_url
+from prefill_tuner.study import baseline_outside, open_study, run_study, running
 from prefill_tuner.worker.definition import definition_of
 
 
@@ -134,117 +135,127 @@ def run_command(
     err = error_console()
     bundled = trace_file == defaults.SAMPLE_TRACE
     given_profile = load_profile(engine.profile) if engine.profile != defaults.PROFILE else None
-    trial_engine = build_engine(dataclasses.replace(engine, model=model))
-    plan = build_plan(
-        trial_engine,
-        trace.at(trace_file),
-        space,
-        slos=slo,
-        name=study_name,
-        objective_mode=objective,
-        sampler=sampler,
-        storage_url=storage,
-        model=model,
-        trials=trials,
-        error_budget=error_budget,
-        timeout_s=timeout,
-        seed=seed,
-        capacity_tolerance=capacity_tolerance,
-        early_abort=early_abort,
-        screen_trials=screen,
-        rule_trials=rule_trials,
-    )
-    report_path = None if no_report or create_only else report or defaults.report_path(plan.name)
-    if report_path is not None:
-        check_output(report_path)  # before any trial: a report that cannot be written
-    store = TunerStore(storage)  # a damaged storage fails before the first trial
-    quiet_optuna()
-    opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
-    store.record_definition(opened[1], trials, definition_of(plan, sort=trace.sort))
-    if given_profile is not None and trial_engine.name != "sim":
-        give_profile(opened[0], given_profile)  # screening's, and the explanation's below
-    if bundled:
-        err.print(
-            "no --trace given: tuning on the bundled sample (4 minutes of the Mooncake "
-            "conversation trace, slowed 10×); give --trace FILE to tune on your own traffic",
-            soft_wrap=True,
+    with ExitStack() as held:
+        trial_engine = held.enter_context(
+            closing(build_engine(dataclasses.replace(engine, model=model)))
         )
-    print_study_header(
-        err,
-        plan,
-        "the bundled sample" if bundled else str(trace_file),
-        trial_engine,
-        baseline_outside(plan, trial_engine),
-    )
-    if create_only:
-        worker = ["tune", "worker", "--study", plan.name]
-        hidden = redact_url(storage) != storage
-        if not hidden:
-            worker += ["--storage", storage]
-        err.print(
-            escape(f"study {plan.name} recorded with a target of {trials} trials; run them with"),
-            soft_wrap=True,
+        plan = build_plan(
+            trial_engine,
+            trace.at(trace_file),
+            space,
+            slos=slo,
+            name=study_name,
+            objective_mode=objective,
+            sampler=sampler,
+            storage_url=storage,
+            model=model,
+            trials=trials,
+            error_budget=error_budget,
+            timeout_s=timeout,
+            seed=seed,
+            capacity_tolerance=capacity_tolerance,
+            early_abort=early_abort,
+            screen_trials=screen,
+            rule_trials=rule_trials,
         )
-        if screen:
+        report_path = (
+            None if no_report or create_only else report or defaults.report_path(plan.name)
+        )
+        if report_path is not None:
+            # Before any trial: a report that cannot be written, or would replace an input.
+            check_output(report_path, [trace_file, *inputs_of(storage)])
+        store = TunerStore(storage)  # a damaged storage fails before the first trial
+        quiet_optuna()
+        opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
+        held.enter_context(running(opened[0], store, opened[1]))  # nor one another process runs
+        store.record_definition(opened[1], trials, definition_of(plan, sort=trace.sort))
+        if given_profile is not None and trial_engine.name != "sim":
+            give_profile(opened[0], given_profile)  # screening's, and the explanation's below
+        if bundled:
             err.print(
-                f"the first worker after the baseline screens {screen} settings on the "
-                "simulator; every worker then confirms its candidates first",
+                f"no --trace given: tuning on the bundled sample ({defaults.SAMPLE_DESCRIPTION}"
+                "); give --trace FILE to tune on your own traffic",
                 soft_wrap=True,
             )
-        output_console().print(escape(shlex.join(worker)), soft_wrap=True)
-        if hidden:
+        print_study_header(
+            err,
+            plan,
+            "the bundled sample" if bundled else str(trace_file),
+            trial_engine,
+            baseline_outside(plan, trial_engine),
+        )
+        if create_only:
+            worker = ["tune", "worker", "--study", plan.name]
+            hidden = redact_url(storage) != storage
+            if not hidden:
+                worker += ["--storage", storage]
             err.print(
-                "with TUNE_STORAGE set to the database URL (its password is not printed)",
+                escape(
+                    f"study {plan.name} recorded with a target of {trials} trials; run them with"
+                ),
                 soft_wrap=True,
             )
-        return
-    interrupted = False
-    # A line per trial when trials take minutes (a real engine); the bar alone otherwise.
-    with (
-        stop_signals(err),
-        ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display,
-    ):
-        try:
             if screen:
-                run_screened_study(
-                    plan,
-                    trial_engine,
-                    store,
-                    opened,
-                    progress=display.progress,
-                    say=lambda text: err.print(escape(text), soft_wrap=True),
+                err.print(
+                    f"the first worker after the baseline screens {screen} settings on the "
+                    "simulator; every worker then confirms its candidates first",
+                    soft_wrap=True,
                 )
-            else:
-                run_study(plan, trial_engine, store, display.progress, opened)
-        except KeyboardInterrupt:
-            interrupted = True
-    if interrupted:
-        err.print("interrupted: every finished trial is kept; run the same command to resume")
-    summary = summarize_stored(store, plan.name)
-    if as_json:
-        print_document(stored_summary_document(store, plan.name))
-    else:
-        output_console().print(render_summary(summary), crop=False)
-    if not interrupted:
-        try:
-            with stop_signals(err):  # a stop now leaves no half-written report behind
-                _why_infeasible(
-                    plan, trial_engine, summary, err, lambda: stand_in(store, opened[0])
+            output_console().print(escape(shlex.join(worker)), soft_wrap=True)
+            if hidden:
+                err.print(
+                    "with TUNE_STORAGE set to the database URL (its password is not printed)",
+                    soft_wrap=True,
                 )
-                _explain(summary, plan.name, storage, err)
-                if report_path is not None and summary.finished:
-                    path = write_report(store, plan.name, report_path)
-                    err.print(f"report: {path}", markup=False)
-        except KeyboardInterrupt:
-            err.print(
-                "interrupted after the study: every trial is kept; tune report writes the report",
-                soft_wrap=True,
-            )
-            raise typer.Exit(exit_codes.INTERRUPTED) from None
-    if interrupted:
-        raise typer.Exit(exit_codes.INTERRUPTED)
-    if summary.recommended is None:
-        raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
+            return
+        interrupted = False
+        # A line per trial when trials take minutes (a real engine); the bar alone otherwise.
+        with (
+            stop_signals(err),
+            ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display,
+        ):
+            try:
+                if screen:
+                    run_screened_study(
+                        plan,
+                        trial_engine,
+                        store,
+                        opened,
+                        progress=display.progress,
+                        say=lambda text: err.print(escape(text), soft_wrap=True),
+                    )
+                else:
+                    run_study(plan, trial_engine, store, display.progress, opened)
+            except KeyboardInterrupt:
+                interrupted = True
+        if interrupted:
+            err.print("interrupted: every finished trial is kept; run the same command to resume")
+        summary = summarize_stored(store, plan.name)
+        if as_json:
+            print_document(stored_summary_document(store, plan.name))
+        else:
+            output_console().print(render_summary(summary), crop=False)
+        if not interrupted:
+            try:
+                with stop_signals(err):  # a stop now leaves no half-written report behind
+                    _why_infeasible(
+                        plan, trial_engine, summary, err, lambda: stand_in(store, opened[0])
+                    )
+                    _explain(summary, plan.name, storage, err)
+                    if report_path is not None and summary.finished:
+                        path = write_report(store, plan.name, report_path)
+                        err.print(f"report: {path}", markup=False)
+            except KeyboardInterrupt:
+                err.print(
+                    "interrupted after the study: every trial is kept; tune report writes the "
+                    "report",
+                    soft_wrap=True,
+                )
+                raise typer.Exit(exit_codes.INTERRUPTED) from None
+        if interrupted:
+            raise typer.Exit(exit_codes.INTERRUPTED)
+        if summary.recommended is None:
+            raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
 
 
 def _why_infeasible(

@@ -8,7 +8,7 @@ from prefill_tuner.cli.display import quiet_optuna
 from prefill_tuner.files import check_output
 from prefill_tuner.plan import check_study_name
 from prefill_tuner.report import find_study
-from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.storage.store import TunerStore, inputs_of
 
 
 def open_stored(
@@ -19,7 +19,7 @@ def open_stored(
     if study_name is not None:
         check_study_name(study_name)
     if output is not None:
-        check_output(output)
+        check_output(output, inputs_of(storage))
     quiet_optuna()
     store = TunerStore(storage, create=False)
     return store, find_study(store, study_name)

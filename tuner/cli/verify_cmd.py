@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated
 
@@ -71,7 +72,7 @@ def verify_command(
     and greedy tokens of the configuration, and of deliberately irregular chunks, against a
     no-chunking reference. Exit code 0: they agree; 5: they differ."""
     if output is not None:
-        check_output(output)
+        check_output(output, [reference] if reference is not None else [])
     given = {
         k: parse_value(v) for k, v in parse_assignments(list(assignments or []), "--set").items()
     }
@@ -88,29 +89,29 @@ def verify_command(
         )
     saved = load_reference(reference) if reference is not None else None
     err = error_console()
-    trial_engine = build_engine(dataclasses.replace(engine, model=model))
-    checked = trial_engine.validate_fixed({**fixed, **knobs})  # vLLM's parser, before a server
-    fixed = {k: v for k, v in checked.items() if k not in KNOBS}
-    knobs = {k: v for k, v in checked.items() if k in KNOBS}
-    result = verify(
-        trial_engine,  # type: ignore[arg-type]
-        {"configuration": knobs, **({"irregular chunks": IRREGULAR} if irregular else {})},
-        fixed=fixed,
-        say=lambda text: err.print(escape(text), soft_wrap=True),
-        reference_outputs=saved,
-    )
-    if output is not None:
-        with atomic_text(output) as stream:
-            stream.write(json.dumps(result.as_record(), indent=1) + "\n")
-    if as_json:
-        typer.echo(json.dumps({k: v for k, v in result.as_record().items() if k != "outputs"}))
-    else:
-        console = output_console()
-        for comparison in result.comparisons:
-            console.print(escape(comparison.line()), soft_wrap=True)
-        console.print("verified" if result.passed else "NOT verified", markup=False)
-    if not result.passed:
-        raise typer.Exit(exit_codes.VERIFY_FAILED)
+    with closing(build_engine(dataclasses.replace(engine, model=model))) as trial_engine:
+        checked = trial_engine.validate_fixed({**fixed, **knobs})  # vLLM's parser, before a server
+        fixed = {k: v for k, v in checked.items() if k not in KNOBS}
+        knobs = {k: v for k, v in checked.items() if k in KNOBS}
+        result = verify(
+            trial_engine,  # type: ignore[arg-type]
+            {"configuration": knobs, **({"irregular chunks": IRREGULAR} if irregular else {})},
+            fixed=fixed,
+            say=lambda text: err.print(escape(text), soft_wrap=True),
+            reference_outputs=saved,
+        )
+        if output is not None:
+            with atomic_text(output) as stream:
+                stream.write(json.dumps(result.as_record(), indent=1) + "\n")
+        if as_json:
+            typer.echo(json.dumps({k: v for k, v in result.as_record().items() if k != "outputs"}))
+        else:
+            console = output_console()
+            for comparison in result.comparisons:
+                console.print(escape(comparison.line()), soft_wrap=True)
+            console.print("verified" if result.passed else "NOT verified", markup=False)
+        if not result.passed:
+            raise typer.Exit(exit_codes.VERIFY_FAILED)
 
 
 def _stored_settings(study_name: str, trial: int | None, storage: str) -> dict[str, object]:

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import shlex
 import socket
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated
 
@@ -16,12 +17,12 @@ from prefill_tuner.cli.display import (
     WorkerDisplay,
     error_console,
     quiet_optuna,
-    stop_signals,
 )
 from prefill_tuner.cli.options import ENGINE, StorageOpt, with_options
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.plan import check_study_name
+from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.worker.definition import plan_from_record
 from prefill_tuner.worker.loop import run_worker
@@ -82,40 +83,40 @@ def worker_command(
             f"study {study_name!r} runs on the {record.engine} engine: "
             f"give --engine {record.engine}"
         )
-    trial_engine = build_engine(dataclasses.replace(engine, model=record.model))
-    plan = plan_from_record(
-        record,
-        storage_url=storage,
-        engine=trial_engine,
-        seed=seed,
-        trace_path=str(trace_file) if trace_file else None,
-    )
-    worker = name or f"{socket.gethostname()}:{os.getpid()}"
-    shared = open_shared_study(
-        plan,
-        store,
-        record,
-        trial_engine,
-        worker=worker,
-        heartbeat_interval=heartbeat,
-        grace_period=grace,
-    )
-    display = WorkerDisplay(error_console(), worker, plan)
-    display.say(
-        f"study {plan.name} ({plan.trials} trials) in {redact_url(storage)}, "
-        f"{len(plan.trace):,} requests, on {trial_engine.version}"
-    )
-    try:
-        with stop_signals(display.console):
-            summary = run_worker(shared, heartbeat, display.events())
-    except KeyboardInterrupt:
-        if not display.interrupted:
-            display.say("interrupted between trials")
-        raise typer.Exit(exit_codes.INTERRUPTED) from None
-    pareto = ["tune", "pareto", "--study", plan.name]
-    if redact_url(storage) == storage and storage != defaults.STORAGE:  # no password to show
-        pareto += ["--storage", storage]
-    display.say(
-        f"study {plan.name} has its {summary.complete} trials ({summary.ran} run here); "
-        f"{shlex.join(pareto)} shows the results"
-    )
+    with closing(build_engine(dataclasses.replace(engine, model=record.model))) as trial_engine:
+        plan = plan_from_record(
+            record,
+            storage_url=storage,
+            engine=trial_engine,
+            seed=seed,
+            trace_path=str(trace_file) if trace_file else None,
+        )
+        worker = name or f"{socket.gethostname()}:{os.getpid()}"
+        shared = open_shared_study(
+            plan,
+            store,
+            record,
+            trial_engine,
+            worker=worker,
+            heartbeat_interval=heartbeat,
+            grace_period=grace,
+        )
+        display = WorkerDisplay(error_console(), worker, plan)
+        display.say(
+            f"study {plan.name} ({plan.trials} trials) in {redact_url(storage)}, "
+            f"{len(plan.trace):,} requests, on {trial_engine.version}"
+        )
+        try:
+            with stop_signals(display.console):
+                summary = run_worker(shared, heartbeat, display.events())
+        except KeyboardInterrupt:
+            if not display.interrupted:
+                display.say("interrupted between trials")
+            raise typer.Exit(exit_codes.INTERRUPTED) from None
+        pareto = ["tune", "pareto", "--study", plan.name]
+        if redact_url(storage) == storage and storage != defaults.STORAGE:  # no password to show
+            pareto += ["--storage", storage]
+        display.say(
+            f"study {plan.name} has its {summary.complete} trials ({summary.ran} run here); "
+            f"{shlex.join(pareto)} shows the results"
+        )

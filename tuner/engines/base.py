@@ -95,3 +95,9 @@ class TrialEngine(Protocol):
         :attr:`EngineRun.cut_short`) once ``early_abort`` finds the verdict certain.
         ``label`` names the run's files (``STUDY-trial-0003``), if the engine writes any."""
         ...
+
+    def close(self) -> None:
+        """Stop what the engine keeps running between trials (a real engine's config helper
+        process); the engine is not used after. Every command closes its engine when it ends,
+        however it ends (``with contextlib.closing(engine)``)."""
+        ...

@@ -36,11 +36,8 @@ from prefill_tuner.screening import (
     next_candidate,
     screen,
 )
-from prefill_tuner.study import enqueue_baseline, enqueue_rule_trials, make_sampler
+from prefill_tuner.study import WORKER_ATTR, enqueue_baseline, enqueue_rule_trials, make_sampler
 from prefill_tuner.worker.shared import SharedStudy, quiet_optuna_warnings, trial_id
-
-WORKER_ATTR = "worker"
-"""User attribute naming the worker that claimed a trial."""
 
 
 @dataclass(frozen=True)

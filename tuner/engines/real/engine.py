@@ -99,32 +99,36 @@ class VllmEngine:
         self.hang_timeout_s = hang_timeout_s
         self.resolver = VllmResolver(self.python)
         """One vLLM process answers every config question of this engine's life."""
-        probed = self.resolver.probe(model, self._server_args)
-        info = probed["version"]
-        cli_version = None
-        if not self.serve_command:
-            self.serve_command, cli_version = _vllm_cli(self.python, info.get("distribution"))
-        self.version = cli_version or f"vllm {info['version']}" + (
-            f" ({info['distribution']})" if info.get("distribution") else ""
-        )
-        flags = frozenset(probed["flags"])
-        scheduler = (probed.get("resolved") or {}).get("scheduler_config") or {}
-        self.capabilities = EngineCapabilities(
-            engine="vllm",
-            version=str(info["version"]),
-            accepted_flags=flags,
-            # vLLM turns it on by default wherever it can run it (GPU), never on CPU.
-            honours_async_scheduling=bool(scheduler.get("async_scheduling")),
-        )
-        if "error" in probed:
-            raise TunerError(
-                redact(
-                    f"vLLM cannot build an engine for {model} with the server arguments given: "
-                    f"{error_line(probed['error'])}"
-                )
+        try:  # a failed probe stops the helper now, not when this process exits
+            probed = self.resolver.probe(model, self._server_args)
+            info = probed["version"]
+            cli_version = None
+            if not self.serve_command:
+                self.serve_command, cli_version = _vllm_cli(self.python, info.get("distribution"))
+            self.version = cli_version or f"vllm {info['version']}" + (
+                f" ({info['distribution']})" if info.get("distribution") else ""
             )
-        self.defaults = probed["resolved"]
-        self.token_high = _vocab_size(model) or DEFAULT_TOKEN_HIGH
+            flags = frozenset(probed["flags"])
+            scheduler = (probed.get("resolved") or {}).get("scheduler_config") or {}
+            self.capabilities = EngineCapabilities(
+                engine="vllm",
+                version=str(info["version"]),
+                accepted_flags=flags,
+                # vLLM turns it on by default wherever it can run it (GPU), never on CPU.
+                honours_async_scheduling=bool(scheduler.get("async_scheduling")),
+            )
+            if "error" in probed:
+                raise TunerError(
+                    redact(
+                        f"vLLM cannot build an engine for {model} with the server arguments given: "
+                        f"{error_line(probed['error'])}"
+                    )
+                )
+            self.defaults = probed["resolved"]
+            self.token_high = _vocab_size(model) or DEFAULT_TOKEN_HIGH
+        except BaseException:
+            self.resolver.close()
+            raise
 
     def validate_fixed(self, fixed: dict[str, Any]) -> dict[str, Any]:
         for name in fixed:
@@ -166,7 +170,8 @@ class VllmEngine:
         return [*self._server_args, *serve_args(settings, self.capabilities)]
 
     def close(self) -> None:
-        """Stop the config helper process now (it also stops when this process exits)."""
+        """Stop the config helper process now (it would stop when this process exits, which
+        may be after the command's last word: every command closes its engine)."""
         self.resolver.close()
 
     def default_settings(self) -> dict[str, Any]:

@@ -39,6 +39,9 @@ class SimEngine:
         self.capabilities = EngineCapabilities(engine="sim", version=self.version)
         self.about = (f"profile {profile.name}: {profile.provenance.summary()}",)
 
+    def close(self) -> None:
+        """Nothing to stop: the simulator runs in this process, only during a run."""
+
     def base_settings(self, fixed: dict[str, Any]) -> dict[str, Any]:
         """The profile's hardware defaults under the user's fixed settings, checked."""
         unknown = [name for name in fixed if name not in SimConfig.model_fields]

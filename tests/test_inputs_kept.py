@@ -1,0 +1,149 @@
+"""Nothing a user gives is destroyed: an output option given the path of an input (the trace,
+the study database, one about to be created) is refused before any work, in one line, and the
+input is left byte for byte; every command closes its engine, however it ends; one process at
+a time runs a study (the lock is checked on PostgreSQL as on SQLite)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import sqlalchemy
+
+from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.storage.store import RUN_LOCK_NAMESPACE, TunerStore
+from tests.conftest import AZURE
+from tests.test_tuning_loop import run_args
+
+
+@pytest.fixture(autouse=True)
+def _reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TUNE_NO_REPORT", raising=False)  # the suite's default (conftest.py)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def study_db(tune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A database in the working folder holding one finished study ``s``."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = tune(*run_args("sqlite:///tune.db", 2))
+    assert code == 0, err
+    return tmp_path / "tune.db"
+
+
+def _refused(tune, *args: str) -> str:
+    code, out, err = tune(*args)
+    assert code == 2, (out, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_the_report_never_replaces_the_trace(tune, tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    shutil.copy(AZURE, trace)
+    before = _digest(trace)
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    args = ["run", "--trace", str(trace), "--max-requests", "50", "--slo", "p99_tpot=50ms"]
+    err = _refused(tune, *args, "--trials", "2", "--storage", storage, "--report", str(trace))
+    assert f"is the input file {trace}" in err
+    assert _digest(trace) == before
+    assert not (tmp_path / "tune.db").exists()  # refused before the storage was opened
+
+
+@pytest.mark.parametrize("report", ["tune.db", "./tune.db", "sub/../tune.db"])
+def test_the_report_never_replaces_the_database_it_is_about_to_create(
+    tune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    err = _refused(tune, *run_args("sqlite:///tune.db", 2), "--report", report)
+    assert "is the input file tune.db" in err
+    assert not (tmp_path / "tune.db").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("export", "--format", "yaml", "-o", "tune.db"),
+        ("export", "--format", "json", "-o", "tune.db"),
+        ("report", "-o", "tune.db"),
+        ("report", "-o", "link.db"),  # a link to it: refused, not followed
+        ("run", *run_args("sqlite:///tune.db", 2)[1:], "--report", "tune.db"),
+        ("calibrate", "--from-study", "s", "-o", "tune.db"),
+    ],
+    ids=["export-yaml", "export-json", "report", "report-link", "run-report", "calibrate"],
+)
+def test_no_output_replaces_the_study_database(
+    tune, study_db: Path, command: tuple[str, ...]
+) -> None:
+    os.symlink(study_db, study_db.parent / "link.db")
+    before = _digest(study_db)
+    _refused(tune, *command)
+    assert _digest(study_db) == before
+    assert TunerStore(f"sqlite:///{study_db}", create=False).get_study("s") is not None
+
+
+def test_no_output_replaces_another_database(tune, study_db: Path) -> None:
+    """A database the command does not use (a copy, another project's) is no output either:
+    no output of ours is a SQLite file, and replacing one loses every study in it."""
+    other = study_db.parent / "backup.db"
+    shutil.copy(study_db, other)
+    before = _digest(other)
+    err = _refused(tune, "export", "--format", "shell", "-o", str(other))
+    assert "is a SQLite database" in err
+    assert _digest(other) == before
+
+
+def test_every_command_closes_its_engine(
+    tune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each command that builds an engine closes it when it ends, however it ends: a real
+    engine's config helper process would otherwise outlive the command."""
+    closed: list[int] = []
+    monkeypatch.setattr(SimEngine, "close", lambda self: closed.append(id(self)))
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    code, _, err = tune(*run_args(storage, 2))
+    assert code == 0, err
+    assert len(closed) == 1
+    code, _, err = tune(*run_args(storage, 2, "--error-budget", "0.5"))  # refused resume
+    assert code == 2, err
+    assert len(closed) == 2
+
+
+def test_one_process_runs_a_study_on_postgresql(postgres_url: str) -> None:
+    """The advisory lock: another session (another process's) cannot take a study's run
+    lock while a run holds it, and can once the run's block ends."""
+    store = TunerStore(postgres_url)
+    record = store.create_study(
+        name="s",
+        objective_mode="latency",
+        slos=[],
+        error_budget=0.0,
+        engine="sim",
+        model="m",
+        trace_path="",
+        trace_sha256="",
+        trace_format="",
+        shaping={},
+        space={},
+    )
+    other = sqlalchemy.create_engine(postgres_url)
+    keys = {"a": RUN_LOCK_NAMESPACE, "b": record.id}
+    try_lock = sqlalchemy.text("SELECT pg_try_advisory_lock(:a, :b)")
+    try:
+        with store.run_lock(record) as held, other.connect() as session:
+            assert held
+            with store.run_lock(record) as again:
+                assert again  # this process already holds it: a block inside another
+            assert session.scalar(try_lock, keys) is False
+        with other.connect() as session:
+            assert session.scalar(try_lock, keys) is True
+    finally:
+        other.dispose()
+        store.engine.dispose()
