@@ -434,8 +434,18 @@ FAKE_TUNE = """#!{python}
 import json, os, signal, sys, time
 from pathlib import Path
 
-# As tune, which sets its own handlers: a Ctrl-C raises even where the shell ignored SIGINT.
-signal.signal(signal.SIGINT, signal.default_int_handler)
+# As tune (prefill_tuner.stopping), which sets its own handlers: the first Ctrl-C raises, even
+# where the shell ignored SIGINT; every later one is ignored (the wrapper repeats its stop).
+stopping = []
+
+
+def stop(signum, frame):
+    if not stopping:
+        stopping.append(signum)
+        raise KeyboardInterrupt
+
+
+signal.signal(signal.SIGINT, stop)
 
 out = Path(os.environ["FAKE_OUT"])
 out.write_text(json.dumps(sys.argv[1:]))

@@ -28,9 +28,8 @@ if [[ ! -s $trace ]]; then
 else
     # A stop (SIGTERM from systemd or Kubernetes) or Ctrl-C reaches tune as SIGINT: it stops
     # its trial and server, keeps what is finished and exits 130. The trap is set before tune
-    # starts: set after, a stop in between killed this script and left tune running. A stop
-    # that comes before tune's PID is known is passed on once it is. set -m: bash would
-    # otherwise start tune with SIGINT ignored.
+    # starts: set after, a stop in between killed this script and left tune running. set -m:
+    # bash would otherwise start tune with SIGINT ignored.
     interrupted=
     child=
     trap 'interrupted=1; if [[ -n $child ]]; then kill -INT "$child" 2>/dev/null || true; fi' \
@@ -39,15 +38,21 @@ else
     tune nightly --study "$study" --trace "$trace" --report-dir "$report_dir" \
         --log-dir "${TUNE_LOG_DIR:-/var/lib/tune/logs}/$study" "$@" &
     child=$!
-    if [[ -n $interrupted ]]; then
-        kill -INT "$child" 2>/dev/null || true
-    fi
     rc=0
-    wait "$child" || rc=$?
-    while kill -0 "$child" 2>/dev/null; do # a trapped stop ends a wait early: tune goes on
-        rc=0
-        wait "$child" || rc=$?
-    done
+    [[ -n $interrupted ]] || wait "$child" || rc=$?
+    if [[ -n $interrupted ]]; then
+        # The stop may have ended the wait early, or come before it. Passed on between the
+        # fork and tune's start, it is lost (the child still runs this script's trap then):
+        # say it until tune has ended (tune ignores repeats while it cleans up). Then its exit
+        # code, unless the wait above had it already (a second wait says 127).
+        while kill -0 "$child" 2>/dev/null; do
+            kill -INT "$child" 2>/dev/null || true
+            sleep 0.5
+        done
+        status=0
+        wait "$child" || status=$?
+        [[ $status == 127 ]] || rc=$status
+    fi
 fi
 
 export TUNE_EXIT=$rc
