@@ -1,16 +1,13 @@
 """What the commands print: consoles, the study header, the progress display, one line per
-trial, and the stop signal handler every long-running command installs."""
+trial (stop signals: :mod:`prefill_tuner.stopping`)."""
 
 from __future__ import annotations
 
 import logging
 import math
 import os
-import signal
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -62,35 +59,6 @@ def quiet_optuna() -> None:
     """Optuna logs every trial at INFO; our own display says what matters."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     logging.getLogger("optuna").setLevel(logging.ERROR)
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextmanager
-def stop_signals(console: Console | None = None) -> Iterator[None]:
-    """Ctrl-C and SIGTERM (a stopped container or service) stop the command the same way, once:
-    the first raises :class:`KeyboardInterrupt`, so the running trial's server is stopped, the
-    trial is failed and queued again and finished trials are kept; a second one (people press
-    Ctrl-C twice, systemd sends SIGTERM again) is ignored until that clean-up is done, so it
-    cannot leave a trial RUNNING half-recorded. SIGKILL still ends it at once."""
-    stopping = False
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        if stopping:
-            if console is not None:
-                console.print("stopping: cleaning up the running trial first", markup=False)
-            return
-        stopping = True
-        raise KeyboardInterrupt
-
-    previous = {number: signal.signal(number, handle) for number in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def print_study_header(
