@@ -20,6 +20,15 @@ from tests.test_tuning_loop import run_args, stored
 HANGING = Path(__file__).with_name("hanging_worker.py")
 
 
+def _wait_until_inside(process: subprocess.Popen, marker: Path) -> None:
+    """Poll until the hanging ``tune run`` has written its marker (it is where it hangs)."""
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert process.poll() is None, "tune run ended before it got there"
+        assert time.monotonic() < deadline, "tune run never got there"
+        time.sleep(0.05)
+
+
 def _stop_during_trial(
     storage: str, tmp_path: Path, nth_run: int, signals: tuple[str, ...], hang_in: str = "run"
 ) -> tuple[int, str]:
@@ -38,11 +47,7 @@ def _stop_during_trial(
         env=env,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert process.poll() is None, "tune run ended before the trial"
-            assert time.monotonic() < deadline, "tune run never reached the trial"
-            time.sleep(0.05)
+        _wait_until_inside(process, marker)
         process.send_signal(signal.Signals[signals[0]])
         _, err = process.communicate(timeout=60)
     finally:
@@ -132,11 +137,7 @@ def test_a_second_run_of_a_running_study_is_refused(tune, tmp_path: Path) -> Non
         stdout=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert process.poll() is None, "tune run ended before its second trial"
-            assert time.monotonic() < deadline, "tune run never reached its second trial"
-            time.sleep(0.05)
+        _wait_until_inside(process, marker)
         before = len(optuna.load_study(study_name="s", storage=storage).trials)
         code, _, err = tune(*run_args(storage, 4))
         assert code == 2, err
