@@ -270,6 +270,9 @@ def build_space(
     """
     overrides = dict(overrides or {})
     fixed = dict(fixed or {})
+    for name, value in fixed.items():
+        if name in KNOBS and type(value) is int and value > MAX_ENGINE_INT:
+            raise TunerError(f"--set {name}={value}: at most {MAX_ENGINE_INT:,} (2**31 - 1)")
     unknown = [name for name in overrides if name not in KNOBS]
     if unknown:
         raise TunerError(f"--space: unknown knob {unknown[0]!r}; knobs: {', '.join(KNOBS)}")
@@ -288,6 +291,11 @@ def build_space(
     return SearchSpace(ranges=ranges, fixed=fixed, dropped=tuple(dropped))
 
 
+MAX_ENGINE_INT = 2**31 - 1
+"""The largest count (tokens, sequences, context length) a knob or engine flag may take: the
+largest 32-bit integer, far beyond any server's; 10**20 was accepted and meant nothing."""
+
+
 def _range(knob: Knob, text: str | None) -> KnobRange:
     if text is None:
         return KnobRange(knob, knob.low, knob.high)
@@ -304,6 +312,10 @@ def _range(knob: Knob, text: str | None) -> KnobRange:
         raise TunerError(
             f"--space {knob.name}={text}: expected LOW..HIGH, e.g. 256..16384"
         ) from None
+    if high > MAX_ENGINE_INT:
+        raise TunerError(
+            f"--space {knob.name}={text}: HIGH must be at most {MAX_ENGINE_INT:,} (2**31 - 1)"
+        )
     if knob.kind == "threshold":
         allow_off = low == 0
         low = max(low, 1) if allow_off else low

@@ -467,14 +467,15 @@ def test_a_full_database_is_one_line_and_exit_1(tune, tmp_path: Path, monkeypatc
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (("--rate", "inf"), "--rate: must be a positive number"),
+        (("--rate", "inf"), "--rate: inf is not a finite number"),
         (("--rate", "1e9", "--duration", "1e9"), "a synthetic trace holds at most 10,000,000"),
         (("--count", "100000000"), "a synthetic trace holds at most 10,000,000"),
-        (("--duration", "inf"), "--duration: must be at most"),
+        (("--duration", "inf"), "--duration: inf is not a finite number"),
+        (("--duration", "1e13"), "--duration: must be at most"),
         (("--rate", "1e-12", "--count", "5"), "later than a trace may hold"),
         (("--mix", "99999999999x1", "--count", "2"), "at most 1,000,000,000 prompt or output"),
         (("--burst", "decode@1*99999999999"), "the count must be at most 10,000,000"),
-        (("--arrivals", "gamma", "--cv", "inf"), "--cv: must be a positive number"),
+        (("--arrivals", "gamma", "--cv", "inf"), "--cv: inf is not a finite number"),
         (("--rate", "nan"), "'--rate'"),
     ],
 )

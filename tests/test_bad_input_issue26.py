@@ -106,3 +106,153 @@ def test_a_database_that_cannot_be_read_says_why_not_damaged(
     assert words.format(path=path) in err
     assert "damaged" not in err and "backup" not in err
     assert [p.name for p in tmp_path.iterdir()] == ["s.db"]
+
+
+# Items 8-10: numbers, names and engine options, refused before any study is stored ----------
+RUN = ["run", *SMALL, "--trials", "2", "--no-report"]
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--trials", "99999999999999999999"), "'--trials': Input should be less than or equal"),
+        (("--rate-scale", "1e-300"), "--rate-scale 1e-300: the last arrival would come at"),
+        (("--rate-scale", "inf"), "--rate-scale: inf is not a finite number"),
+        (("--rate-scale", "1e309"), "--rate-scale: inf is not a finite number"),
+        (("--rate-scale", "nan"), "'--rate-scale': 'nan' is not a number"),
+        (("--objective", "capacity", "--capacity-tolerance", "inf"), "inf is not a finite"),
+        (("--objective", "capacity", "--capacity-tolerance", "nan"), "'nan' is not a number"),
+        (("--error-budget", "nan"), "'--error-budget': 'nan' is not a number"),
+        (("--error-budget", "1e309"), "'--error-budget': '1e309' is not a finite number"),
+        (("--timeout", "1e309"), "--timeout: inf is not a finite number"),
+        (("--model", ""), "--model: the model name is empty"),
+        (("--model", "-x"), "--model '-x': a model name cannot start with '-'"),
+        (
+            ("--space", "max_num_batched_tokens=256..100000000000000000000"),
+            "HIGH must be at most 2,147,483,647",
+        ),
+        (
+            ("--set", "max_num_batched_tokens=100000000000000000000"),
+            "--set max_num_batched_tokens=100000000000000000000: at most 2,147,483,647",
+        ),
+        (("--log-dir", "logs"), "--log-dir: only for --engine vllm"),
+        (("--hang-timeout", "5"), "--hang-timeout: only for --engine vllm"),
+    ],
+)
+def test_run_refuses_what_no_trial_could_use(
+    tune, tmp_path: Path, args: tuple[str, ...], words: str
+) -> None:
+    storage = tmp_path / "s.db"
+    err = one_line_error(*tune(*RUN, "--storage", f"sqlite:///{storage}", *args))
+    assert words in err
+    assert list(tmp_path.iterdir()) == [], "no study stored, no log folder made"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--min-gain", "inf"), "--min-gain: inf is not a finite number"),
+        (("--trials", "99999999999999999999"), "'--trials': Input should be less than or equal"),
+        (("--log-dir", "logs"), "--log-dir: only for --engine vllm"),
+    ],
+)
+def test_nightly_refuses_what_no_trial_could_use(
+    tune, tmp_path: Path, args: tuple[str, ...], words: str
+) -> None:
+    from tests.test_bad_input import NIGHTLY
+
+    storage = tmp_path / "s.db"
+    report_dir = tmp_path / "reports"
+    err = one_line_error(
+        *tune(*NIGHTLY, "--storage", f"sqlite:///{storage}", "--report-dir", str(report_dir), *args)
+    )
+    assert words in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--max-num-batched-tokens", "100000000000000000000"), "less than or equal to 2147483647"),
+        (("--watermark", "nan"), "--watermark: nan is not a number"),
+        (("--kv-cache-memory-bytes", "1"), "--kv-cache-memory-bytes 1: the KV blocks it makes"),
+    ],
+)
+@pytest.mark.parametrize("command", ["simulate", "diagnose"])
+def test_simulator_flags_are_bounded_and_blamed_on_the_flag_given(
+    tune, command: str, args: tuple[str, ...], words: str
+) -> None:
+    err = one_line_error(*tune(command, "--trace", str(AZURE), "--max-requests", "3", *args))
+    assert words in err
+    assert "--num-gpu-blocks" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--rate", "1e309"), "--rate: inf is not a finite number"),
+        (("--rate", "nan"), "'--rate': 'nan' is not a number"),
+        (("--arrivals", "gamma", "--cv", "nan"), "--cv: nan is not a number"),
+    ],
+)
+def test_synth_says_what_a_non_finite_number_is(
+    tune, tmp_path: Path, args: tuple[str, ...], words: str
+) -> None:
+    err = one_line_error(*tune("trace", "synth", str(tmp_path / "x.jsonl"), *args))
+    assert words in err
+
+
+# Item 8: the nightly report's folder is checked before the night's trials --------------------
+@pytest.mark.parametrize("make", ["file", "below-a-file", "device", "serve-link"])
+def test_nightly_refuses_a_report_folder_it_cannot_write_before_any_trial(
+    tune, tmp_path: Path, make: str
+) -> None:
+    from tests.test_bad_input import NIGHTLY
+
+    storage = tmp_path / "s.db"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep\n")
+    report_dir = {"file": a_file, "below-a-file": a_file / "sub", "device": Path("/dev/zero")}.get(
+        make, tmp_path / "reports"
+    )
+    if make == "serve-link":
+        (report_dir / "n").mkdir(parents=True)
+        (report_dir / "n" / "serve.sh").symlink_to(a_file)
+    args = ("--storage", f"sqlite:///{storage}", "--report-dir", str(report_dir), "--trials", "2")
+    err = one_line_error(*tune(*NIGHTLY, *args))
+    words = "is a symbolic link" if make == "serve-link" else "is not a folder"
+    assert words in err
+    assert not storage.exists(), "no trial ran, no study was stored"
+    assert a_file.read_text() == "keep\n"
+
+
+# Items 8 and 10: a study recorded for workers, before any trial finished ----------------------
+@pytest.fixture
+def create_only(tune, tmp_path: Path) -> str:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    args = ("--trials", "2", "--study", "s", "--storage", storage, "--create-only")
+    code, _, err = tune("run", *SMALL, *args)
+    assert code == 0, err
+    return storage
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        (["report", "-o", "{dir}/r.html"], "study s has no finished trial yet; nothing to report"),
+        (["pareto"], "study s has no finished trial yet; nothing to report"),
+        (["pareto", "--json"], "study s has no finished trial yet; nothing to report"),
+        (["export"], "study s has no finished trial yet; nothing to report"),
+        (["diagnose", "--study", "s"], "study s has no finished trial yet; nothing to diagnose"),
+    ],
+    ids=["report", "pareto", "pareto-json", "export", "diagnose"],
+)
+def test_a_study_no_trial_finished_says_so(
+    tune, tmp_path: Path, create_only: str, command: list[str], words: str
+) -> None:
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = [arg.format(dir=tmp_path) for arg in command]
+    err = one_line_error(*tune(*args, "--storage", create_only))
+    assert words in err
+    assert "met the SLOs" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "no report written"

@@ -183,6 +183,18 @@ def summarize_stored(store: TunerStore, name: str) -> StudySummary:
     return summarize_study(study, record, store.trials(record))
 
 
+def require_finished(summary: StudySummary) -> StudySummary:
+    """``summary``, if its study has a finished trial: a study recorded with ``--create-only``
+    has nothing to show (nor to call infeasible) until its workers finish one."""
+    if not summary.finished:
+        name = summary.study.name
+        raise TunerError(
+            f"study {name} has no finished trial yet; nothing to report (its trials run with "
+            f"tune worker --study {name}, or tune run)"
+        )
+    return summary
+
+
 def _cut_short(trial: TrialRecord) -> dict[str, Any]:
     """The early-abort record of a trial (empty when it ran to the end)."""
     return dict(((trial.metrics or {}).get("details") or {}).get("cut_short") or {})

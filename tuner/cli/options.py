@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +24,11 @@ from pydantic.fields import FieldInfo
 
 from prefill_tuner import defaults
 from prefill_tuner.engines.factory import EngineOptions
-from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.config import SimConfig, resolve_config
+from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.errors import TunerError
 from prefill_tuner.plan import SpaceSpec, TraceSpec
+from prefill_tuner.search_spaces.space import MAX_ENGINE_INT
 from prefill_tuner.storage.store import check_storage_url
 from prefill_tuner.trace import ShapeOptions
 
@@ -56,7 +60,23 @@ StudyOpt = Annotated[
 SloOpt = Annotated[
     list[str], typer.Option("--slo", help="SLO like p99_tpot=50ms or p95_ttft=2s (repeatable).")
 ]
-ModelOpt = Annotated[str, typer.Option("--model", help="Model named in serve lines.")]
+
+
+def _model_name(name: str) -> str:
+    """A model name that a serve line can carry: ``vllm serve ''`` serves nothing, and
+    ``vllm serve -x`` reads the name as a flag."""
+    if not name.strip():
+        raise TunerError("--model: the model name is empty")
+    if name.startswith("-"):
+        raise TunerError(
+            f"--model {name!r}: a model name cannot start with '-' (it reads as a flag)"
+        )
+    return name
+
+
+ModelOpt = Annotated[
+    str, typer.Option("--model", callback=_model_name, help="Model named in serve lines.")
+]
 SampledTraceOpt = Annotated[
     Path,
     typer.Option(
@@ -69,7 +89,11 @@ SampledTraceOpt = Annotated[
 MAX_SEED = 2**32 - 1
 """Seeds go to numpy and Optuna, which take 0..2**32-1."""
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help="Sampler seed.")]
-TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="Trials of the study.")]
+MAX_TRIALS = 1_000_000
+"""The most trials a study may ask for (more would never finish; 10**20 overflowed SQLite)."""
+TrialsOpt = Annotated[
+    int, typer.Option("--trials", min=1, max=MAX_TRIALS, help="Trials of the study.")
+]
 ErrorBudgetOpt = Annotated[
     float,
     typer.Option(
@@ -140,8 +164,8 @@ def _engine_options(
     serve_cmd: str | None,
     server_arg: list[str] | None,
     server_env: list[str] | None,
-    log_dir: Path,
-    hang_timeout: float,
+    log_dir: Path | None,
+    hang_timeout: float | None,
 ) -> EngineOptions:
     return EngineOptions(
         engine=engine,
@@ -227,24 +251,30 @@ ENGINE = OptionGroup(
         _param(
             "log_dir",
             Annotated[
-                Path,
-                _option("--log-dir", REAL + "where each trial's server log goes.", ENGINE_PANEL),
+                Path | None,
+                _option(
+                    "--log-dir",
+                    REAL + "where each trial's server log goes.",
+                    ENGINE_PANEL,
+                    show_default=str(defaults.LOG_DIR),
+                ),
             ],
-            defaults.LOG_DIR,
+            None,
         ),
         _param(
             "hang_timeout",
             Annotated[
-                float,
+                float | None,
                 _option(
                     "--hang-timeout",
                     REAL + "a trial fails when requests are in flight but no token arrives for "
                     "this many seconds (the server hung).",
                     ENGINE_PANEL,
                     min=1,
+                    show_default=f"{defaults.HANG_TIMEOUT_S:g}",
                 ),
             ],
-            defaults.HANG_TIMEOUT_S,
+            None,
         ),
     ),
     build=_engine_options,
@@ -491,16 +521,34 @@ class SimSettings:
     """Only the flags given (the profile's and vLLM's defaults fill the rest)."""
     kv_cache_memory_bytes: int | None
 
+    def config(self, profile: StepModel) -> SimConfig:
+        """The engine config these flags give over ``profile`` (:func:`resolve_config`). A KV
+        pool given in bytes that makes too few or too many KV blocks is blamed on
+        ``--kv-cache-memory-bytes``, the flag the user gave, not on the blocks it made."""
+        try:
+            return resolve_config(profile, self.settings, self.kv_cache_memory_bytes)
+        except TunerError as exc:
+            _, blocks, reason = str(exc).partition("--num-gpu-blocks: ")
+            if self.kv_cache_memory_bytes is None or not blocks:
+                raise
+            raise TunerError(
+                f"--kv-cache-memory-bytes {self.kv_cache_memory_bytes}: the KV blocks it makes "
+                f"(num_gpu_blocks): {reason}"
+            ) from None
+
 
 def _sim_flag(name: str, field: FieldInfo) -> inspect.Parameter:
     flag = "--" + name.replace("_", "-")
     if field.annotation is bool:
         flag = f"{flag}/--no-{flag[2:]}"
+    # A count vLLM could take (10**20 tokens a step would be accepted, and mean nothing).
+    bounds = {"max": MAX_ENGINE_INT} if field.annotation is int else {}
     return _param(
         name,
         Annotated[
-            field.annotation | None, _option(flag, field.description or "", "Engine (vLLM flags)")
-        ],  # type: ignore[operator]
+            field.annotation | None,  # type: ignore[operator]
+            _option(flag, field.description or "", "Engine (vLLM flags)", **bounds),
+        ],
         None,
     )
 
@@ -556,6 +604,44 @@ def with_options(**groups: OptionGroup) -> Callable[[Command], Command]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def finite_floats(command: Command) -> Command:
+    """The command, refusing a number option given ``nan`` or an infinity (``inf``, or
+    ``1e309``, which reads as one) before it starts: no option means anything by them, and a
+    range check lets them through (``inf ≥ 0``) or names the wrong bound (``nan``)."""
+    signature = inspect.signature(command, eval_str=True)
+    flags = {
+        param.name: _flag(param.name, info)
+        for param in signature.parameters.values()
+        if typing.get_origin(param.annotation) is Annotated
+        for info in typing.get_args(param.annotation)[1:]
+        if isinstance(info, typer.models.OptionInfo)
+        if float in (typing.get_args(param.annotation)[0], *_members(param.annotation))
+    }
+
+    @functools.wraps(command)
+    def checked(**values: Any) -> Any:
+        for name, flag in flags.items():
+            value = values.get(name)
+            if isinstance(value, float) and not math.isfinite(value):
+                what = "not a number" if math.isnan(value) else "not a finite number"
+                raise TunerError(f"{flag}: {value} is {what}")
+        return command(**values)
+
+    checked.__signature__ = signature  # type: ignore[attr-defined]
+    return checked  # type: ignore[return-value]
+
+
+def _flag(name: str, info: typer.models.OptionInfo) -> str:
+    """An option's flag (in ``Annotated``, typer takes ``Option``'s first argument as one)."""
+    given = [*info.param_decls, info.default]
+    return next((d for d in given if isinstance(d, str) and d.startswith("-")), f"--{name}")
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    """The types of an ``Annotated[float | None, ...]`` union (none for a plain type)."""
+    return typing.get_args(typing.get_args(annotation)[0])
 
 
 # Converting values ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from prefill_tuner.cli.stored import open_stored
 from prefill_tuner.documents import export_document, stored_summary_document
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
-from prefill_tuner.report import export, render_summary, summarize_stored
+from prefill_tuner.report import export, render_summary, require_finished, summarize_stored
 
 EXPORT_FORMATS = ("shell", "yaml", "json")
 
@@ -25,7 +25,7 @@ def pareto_command(
 ) -> None:
     """Print a stored study's Pareto-optimal settings and serve lines again."""
     store, name = open_stored(study_name, storage)
-    summary = summarize_stored(store, name)
+    summary = require_finished(summarize_stored(store, name))
     if as_json:
         print_document(stored_summary_document(store, name))
     else:
@@ -46,7 +46,7 @@ def export_command(
     if format not in EXPORT_FORMATS:
         raise TunerError(f"--format: expected shell, yaml or json, got {format!r}")
     store, name = open_stored(study_name, storage, output)
-    summary = summarize_stored(store, name)
+    summary = require_finished(summarize_stored(store, name))
     if summary.recommended is None:
         raise TunerError(
             f"study {name}: no trial met the SLOs, nothing to export "

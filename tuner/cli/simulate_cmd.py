@@ -19,7 +19,6 @@ from prefill_tuner.cli.options import (
     with_options,
 )
 from prefill_tuner.engines.sim import load_profile, simulate
-from prefill_tuner.engines.sim.config import resolve_config
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.trace import load_trace
@@ -52,7 +51,7 @@ def simulate_command(
     if steps_out is not None:
         check_output(steps_out, [trace_file])
     engine_profile = load_profile(profile)
-    config = resolve_config(engine_profile, engine.settings, engine.kv_cache_memory_bytes)
+    config = engine.config(engine_profile)
     if over_length is not None and over_length not in ("clip", "drop"):
         raise TunerError(f"--over-length: expected clip or drop, got {over_length!r}")
     shaping = trace.shaping

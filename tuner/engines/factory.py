@@ -32,10 +32,11 @@ class EngineOptions:
     """Extra server arguments, each a shell-quoted string (``--dtype float32``)."""
     server_env: tuple[str, ...] = field(default_factory=tuple)
     """``KEY=VALUE`` for the server's environment."""
-    log_dir: Path = defaults.LOG_DIR
-    """Where each real trial's server log and step trace go."""
-    hang_timeout_s: float = defaults.HANG_TIMEOUT_S
-    """A real trial fails when requests are in flight but no token arrives for this long."""
+    log_dir: Path | None = None
+    """Where each real trial's server log and step trace go (``None``: ``defaults.LOG_DIR``)."""
+    hang_timeout_s: float | None = None
+    """A real trial fails when requests are in flight but no token arrives for this long
+    (``None``: ``defaults.HANG_TIMEOUT_S``)."""
 
 
 def build_engine(options: EngineOptions) -> TrialEngine:
@@ -48,8 +49,10 @@ def build_engine(options: EngineOptions) -> TrialEngine:
                 ("--server-env", options.server_env),
                 ("--vllm-python", options.vllm_python),
                 ("--serve-cmd", options.serve_cmd),
+                ("--log-dir", options.log_dir),
+                ("--hang-timeout", options.hang_timeout_s),
             )
-            if value
+            if value not in (None, ())  # given: a default of these is None or ()
         ]
         if real_only:
             raise TunerError(
@@ -69,7 +72,7 @@ def build_engine(options: EngineOptions) -> TrialEngine:
             serve_command=shlex.split(options.serve_cmd or ""),
             server_args=[arg for text in options.server_args for arg in shlex.split(text)],
             env=parse_assignments(list(options.server_env), "--server-env"),
-            log_dir=options.log_dir,
-            hang_timeout_s=options.hang_timeout_s,
+            log_dir=options.log_dir or defaults.LOG_DIR,
+            hang_timeout_s=options.hang_timeout_s or defaults.HANG_TIMEOUT_S,
         )
     raise TunerError(f"--engine: expected {' or '.join(ENGINES)}, got {options.engine!r}")

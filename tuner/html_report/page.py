@@ -33,7 +33,13 @@ from prefill_tuner.html_report.figures import (
 )
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
 from prefill_tuner.recommend import RULE
-from prefill_tuner.report import StudySummary, knob_cells, study_trace, summarize_stored
+from prefill_tuner.report import (
+    StudySummary,
+    knob_cells,
+    require_finished,
+    study_trace,
+    summarize_stored,
+)
 from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
@@ -71,7 +77,7 @@ def write_report(store: TunerStore, study_name: str, path: Path) -> Path:
 
 def render_report(store: TunerStore, study_name: str) -> str:
     """The report's HTML."""
-    summary = summarize_stored(store, study_name)
+    summary = require_finished(summarize_stored(store, study_name))  # no plot has a point
     record = summary.study
     trials = sorted(store.trials(record), key=lambda t: t.trial_number)
     try:

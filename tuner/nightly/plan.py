@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from prefill_tuner import defaults
 from prefill_tuner.engines.sim.cost_model import StepModel
+from prefill_tuner.errors import TunerError
+from prefill_tuner.files import check_output
 from prefill_tuner.plan import StudyPlan
 
 
@@ -29,3 +32,23 @@ class NightlyPlan:
     verify: bool = False
     """Before promoting, check on the real engine that the challenger's chunking changes no
     output (:mod:`prefill_tuner.verify`); a failed check never promotes."""
+
+    def __post_init__(self) -> None:
+        """Where the report goes is checked before any trial runs: a night's trials must not
+        be spent on a report that cannot be written (a file, or /dev/zero, as the folder)."""
+        check_report_folder(self.report_dir / self.family)
+
+
+def check_report_folder(folder: Path) -> None:
+    """``folder`` is one, or can be made (its nearest existing ancestor is a folder we may
+    write in), and its serve files, if there, are regular files; else a one-line error."""
+    existing = next(path for path in (folder, *folder.parents) if os.path.lexists(path))
+    if not existing.is_dir():
+        raise TunerError(
+            f"--report-dir: {existing} is not a folder (the night's report goes in {folder})"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TunerError(f"--report-dir: cannot write in {existing} (the report goes in {folder})")
+    if existing == folder:
+        for name in ("serve.sh", "serve.yaml"):
+            check_output(folder / name)

@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from prefill_tuner.errors import TraceError
 from prefill_tuner.trace.classes import assign_classes, canonical_classes, parse_classes
 from prefill_tuner.trace.model import Adjustment, Request, Trace
+from prefill_tuner.trace.readers import MAX_TIMESTAMP
+
+MAX_ARRIVAL_S = MAX_TIMESTAMP / 1000
+"""The latest arrival a shaped trace may hold, as the readers' (native timestamps: ms)."""
 
 
 class ShapeOptions(BaseModel):
@@ -126,7 +130,15 @@ def window(trace: Trace, start_s: float, duration_s: float | None) -> Trace:
 
 
 def scale_rate(trace: Trace, factor: float) -> Trace:
-    """Multiply the arrival rate by ``factor`` (arrival times are divided by it)."""
+    """Multiply the arrival rate by ``factor`` (arrival times are divided by it); refused when
+    an arrival would come later than a trace may hold (a tiny factor: ``1e-300``)."""
+    last = max((r.arrival_s for r in trace.requests), default=0.0) / factor
+    if not last <= MAX_ARRIVAL_S:
+        raise TraceError(
+            f"--rate-scale {factor:g}: the last arrival would come at {last:.3g} s, later than "
+            f"a trace may hold ({MAX_ARRIVAL_S:.0e} s); give a larger factor",
+            path=trace.source.path if trace.source else None,
+        )
     return trace.with_requests(
         tuple(replace(r, arrival_s=r.arrival_s / factor) for r in trace.requests)
     )
