@@ -131,18 +131,16 @@ def _parser_error(exc: Exception) -> NoReturn:
         sys.exit(exit_codes.BAD_INPUT)
     if _is_click(exc, "Abort"):
         _fail("aborted", exit_codes.FAILURE)
-    message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
-    context = getattr(exc, "ctx", None)
     not_finite = _not_finite(exc)
     if not_finite:
         exc.message = not_finite  # type: ignore[attr-defined]
+    message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+    context = getattr(exc, "ctx", None)
     if context is not None:
         message += f" (see {context.command_path} --help)"
     _fail(message, int(getattr(exc, "exit_code", exit_codes.FAILURE)))
 
 
-def _fail(message: str, code: int, stdout_failed: bool = False) -> NoReturn:
-    """One line on stderr, then exit. A failed stdout (a closed pipe, a full disk) is pointed
 def _not_finite(exc: Exception) -> str | None:
     """What a number option's value is when it is ``nan`` or an infinity: typer checks the
     option's range first, and ``nan`` fails every comparison ('should be ≥ 0', about a value
@@ -159,6 +157,8 @@ def _not_finite(exc: Exception) -> str | None:
     return f"{given!r} is {'not a number' if math.isnan(value) else 'not a finite number'}"
 
 
+def _fail(message: str, code: int, stdout_failed: bool = False) -> NoReturn:
+    """One line on stderr, then exit. A failed stdout (a closed pipe, a full disk) is pointed
     at /dev/null first, so that Python's exit does not fail again flushing what is left."""
     if stdout_failed:
         with contextlib.suppress(OSError, ValueError, AttributeError):
