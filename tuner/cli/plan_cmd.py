@@ -18,8 +18,8 @@ from prefill_tuner.cli.display import (
     quiet_optuna,
     stop_signals,
 )
-    MAX_TRIALS,
 from prefill_tuner.cli.options import (
+    MAX_TRIALS,
     SPACE,
     TRACE,
     JsonOpt,
