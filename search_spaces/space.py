@@ -20,8 +20,9 @@ import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import read_input, why_unreadable
+from prefill_tuner.files import why_unreadable
 from prefill_tuner.search_spaces.knobs import KNOBS, Knob
+from prefill_tuner.yaml_input import read_yaml
 
 THRESHOLD_SUFFIX = "_log2"
 """Threshold knobs are searched as log2 exponents; the lowest exponent of the range means 0."""
@@ -370,7 +371,7 @@ def parse_value(text: str) -> Any:
 def load_space_file(path: str | Path) -> dict[str, str]:
     """A YAML file of ``knob: LOW..HIGH`` (or ``[LOW, HIGH]``, booleans as a list)."""
     try:
-        data = yaml.safe_load(read_input(path).decode("utf-8"))
+        data = read_yaml(path)
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise TunerError(f"{path}: cannot read the space file: {why_unreadable(exc)}") from None
     if not isinstance(data, dict):

@@ -256,3 +256,46 @@ def test_a_study_no_trial_finished_says_so(
     assert words in err
     assert "met the SLOs" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "no report written"
+
+
+# A YAML input is bounded: no alias expands it, no file is larger than any input could be --
+BOMB = "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9) if prev else '1, 2'}]\n"
+    for prev, name in zip(["", *"abcdef"], "abcdefg", strict=True)
+)
+"""Seven lines that expand to 2 * 9**6 values (one more line: 39 s and 5.9 GB before)."""
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (BOMB, "line 2: an alias (*a) is not read here"),
+        (
+            "max_num_seqs: &x 8..64\nmax_num_batched_tokens: *x\n",
+            "line 2: an alias (*x) is not read",
+        ),
+        ("x: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
+        ("# " + "x" * 1_000_000 + "\nmax_num_seqs: 8..64\n", "larger than 1,000,000 bytes"),
+    ],
+    ids=["bomb", "alias", "deep", "large"],
+)
+def test_a_space_file_is_read_bounded(tune, tmp_path: Path, text: str, words: str) -> None:
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(text)
+    storage = tmp_path / "s.db"
+    err = one_line_error(
+        *tune(*RUN, "--storage", f"sqlite:///{storage}", "--space-file", str(space_file))
+    )
+    assert f"{space_file}: cannot read the space file: {words}" in err
+    assert not storage.exists()
+
+
+def test_the_bounded_reader_reads_what_safe_load_reads(tmp_path: Path) -> None:
+    import yaml
+
+    from prefill_tuner.yaml_input import read_yaml
+
+    text = "a: &anchored 1\nb: [true, 2.5, null]\nc: {d: '..'}\n"
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    assert read_yaml(path) == yaml.safe_load(text)
