@@ -113,8 +113,10 @@ def parse_slo(text: str) -> Slo:
     try:
         value = float(match["value"].lower())
     except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
+        raise TunerError(f"--slo {text!r}: the limit must be a positive number") from None
+    if not math.isfinite(value):
+        raise TunerError(f"--slo {text!r}: the limit is not a finite number")
+    if not value > 0:
         raise TunerError(f"--slo {text!r}: the limit must be a positive number")
     return Slo(
         metric=metric, statistic=stat, limit_s=value * UNITS[unit], traffic_class=traffic_class

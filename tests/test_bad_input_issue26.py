@@ -299,3 +299,20 @@ def test_the_bounded_reader_reads_what_safe_load_reads(tmp_path: Path) -> None:
     path = tmp_path / "x.yaml"
     path.write_text(text)
     assert read_yaml(path) == yaml.safe_load(text)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--slo", "p99_ttft=1e309ms"), "--slo 'p99_ttft=1e309ms': the limit is not a finite"),
+        (("--dequantize", "1e309"), "--dequantize: 1e309 is not a finite number of seconds"),
+    ],
+)
+def test_an_infinite_value_inside_an_option_is_not_called_negative(
+    tune, tmp_path: Path, args: tuple[str, ...], words: str
+) -> None:
+    storage = tmp_path / "s.db"
+    err = one_line_error(*tune(*RUN, "--storage", f"sqlite:///{storage}", *args))
+    assert words in err
+    assert "positive" not in err
+    assert not storage.exists()

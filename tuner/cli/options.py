@@ -666,6 +666,8 @@ def shape_options(
             raise TunerError(
                 f"--dequantize: expected seconds or 'auto', got {dequantize!r}"
             ) from None
+        if not math.isfinite(quantum):
+            raise TunerError(f"--dequantize: {dequantize} is not a finite number of seconds")
     try:
         return ShapeOptions(
             start_s=start,
