@@ -105,6 +105,7 @@ def test_every_command_closes_its_engine(
 ) -> None:
     """Each command that builds an engine closes it when it ends, however it ends: a real
     engine's config helper process would otherwise outlive the command."""
+    monkeypatch.chdir(tmp_path)  # its report
     closed: list[int] = []
     monkeypatch.setattr(SimEngine, "close", lambda self: closed.append(id(self)))
     storage = f"sqlite:///{tmp_path / 'tune.db'}"

@@ -45,7 +45,7 @@ SAMPLE_TRACE = Path(__file__).resolve().parent / "data" / "sample_trace.jsonl"
 """The trace ``tune run`` replays when none is given: the first 4 minutes of the Mooncake
 conversation trace at 0.3× its rate (see ``data/README.md``)."""
 SAMPLE_DESCRIPTION = "4 minutes of the Mooncake conversation trace, at 0.3× its rate"
-"""What ``tune run`` says the bundled sample is (it was "slowed 10×" until issue 26)."""
+"""What ``tune run`` says the bundled sample is."""
 
 
 def report_path(study: str) -> Path:

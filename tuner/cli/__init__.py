@@ -83,7 +83,9 @@ def _root(
 
 def main() -> None:
     """Console entry point: run the app, turning user errors (ours and the parser's) into one
-    line and exit code 2, and a failing disk, pipe or database into one line and exit code 1."""
+    line and exit code 2, and a failing disk, pipe or database into one line and exit code 1.
+    A stop signal ends it with exit code 130 (the console script, :mod:`prefill_tuner.entry`,
+    handles stop signals for the whole process: :mod:`prefill_tuner.stopping`)."""
     try:
         try:
             code = app(standalone_mode=False, prog_name="tune")  # errors: said in one line

@@ -26,6 +26,7 @@ from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.plan import check_study_name
 from prefill_tuner.search_spaces.space import parse_assignments, parse_value
+from prefill_tuner.storage.store import inputs_of
 
 CALIBRATION_SEQS = 128
 """Largest decode batch of the designed workload unless ``--max-num-seqs`` says otherwise."""
@@ -97,7 +98,7 @@ def calibrate_command(
     """Fit the simulator's step-time profile to a real vLLM server: replay a designed
     workload on one server (--engine vllm), or reuse a study's real trials (--from-study);
     print the fit's held-out error and write the profile for --profile."""
-    check_output(output)
+    check_output(output, inputs_of(storage))
     err = error_console()
     if from_study is not None:
         check_study_name(from_study, "--from-study")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -115,14 +116,9 @@ def diagnose_command(
 
 def _replayed(requests: Trace, settings: dict[str, Any], options: EngineOptions) -> RunView:
     """Replay the trace on a real server with ``settings`` (to the end) and read its run."""
-    server = build_engine(options)
-    try:
+    with closing(build_engine(options)) as server:
         fixed = server.validate_fixed({k: v for k, v in settings.items() if v is not None})
         run = server.run(requests, fixed, label="diagnose")
-    finally:
-        close = getattr(server, "close", None)
-        if close is not None:
-            close()
     if run.failure or run.records is None:
         raise TunerError(f"the replay failed: {run.failure or 'no request records'}")
     steps = (run.details.get("server_steps") or {}).get("trace")

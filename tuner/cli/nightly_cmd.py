@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +17,6 @@ from prefill_tuner.cli.display import (
     error_console,
     print_study_header,
     quiet_optuna,
-    stop_signals,
 )
 from prefill_tuner.cli.options import (
     ENGINE,
@@ -39,6 +39,7 @@ from prefill_tuner.errors import TunerError
 from prefill_tuner.html_report import write_report
 from prefill_tuner.nightly.retune import NightlyPlan, retune
 from prefill_tuner.plan import SpaceSpec, build_plan, check_study_name
+from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study import baseline_outside
 
@@ -115,66 +116,70 @@ def nightly_command(
     check_study_name(study)
     if verify and engine.engine != "vllm":
         raise TunerError("--verify: only with --engine vllm (the simulator computes no outputs)")
-    trial_engine = build_engine(dataclasses.replace(engine, model=model))
-    plan = build_plan(
-        trial_engine,
-        trace.at(trace_file),
-        space,
-        slos=slo,
-        name=study,
-        storage_url=storage,
-        model=model,
-        trials=trials,
-        error_budget=error_budget,
-        seed=seed,
-        screen_trials=screen,
-    )
-    nightly = NightlyPlan(
-        family=study,
-        plan=plan,
-        report_dir=report_dir,
-        repeats=repeats,
-        min_gain=min_gain,
-        deadline_s=deadline,
-        verify=verify,
-        screen_profile=(
-            load_profile(engine.profile) if screen and engine.profile != defaults.PROFILE else None
-        ),
-    )
-    err = error_console()
-    store = TunerStore(storage)  # a damaged storage fails before the first trial
-    print_study_header(
-        err, plan, str(trace_file), trial_engine, baseline_outside(plan, trial_engine)
-    )
-    quiet_optuna()
-
-    def say(text: str) -> None:
-        err.print(escape(f"nightly {study}: {text}"), soft_wrap=True)
-
-    try:
-        with (
-            stop_signals(err),
-            ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display,
-        ):
-            outcome = retune(nightly, trial_engine, store, display.progress, say)
-    except KeyboardInterrupt:
-        err.print(
-            "interrupted: finished trials are kept; run the same command to resume tonight's "
-            "generation"
+    with closing(build_engine(dataclasses.replace(engine, model=model))) as trial_engine:
+        plan = build_plan(
+            trial_engine,
+            trace.at(trace_file),
+            space,
+            slos=slo,
+            name=study,
+            storage_url=storage,
+            model=model,
+            trials=trials,
+            error_budget=error_budget,
+            seed=seed,
+            screen_trials=screen,
         )
-        raise typer.Exit(exit_codes.INTERRUPTED) from None
-    out = Console(highlight=False, soft_wrap=True)
-    out.print(
-        escape(
-            f"generation {outcome.generation} ({outcome.study_name}): "
-            f"{outcome.decision.action}: {outcome.decision.reason}"
+        nightly = NightlyPlan(
+            family=study,
+            plan=plan,
+            report_dir=report_dir,
+            repeats=repeats,
+            min_gain=min_gain,
+            deadline_s=deadline,
+            verify=verify,
+            screen_profile=(
+                load_profile(engine.profile)
+                if screen and engine.profile != defaults.PROFILE
+                else None
+            ),
         )
-    )
-    if outcome.serve_command:
-        out.print(escape(outcome.serve_command))
-    out.print(escape(f"report: {outcome.report_path}"))
-    if not no_report:
-        with stop_signals(err):  # a stop leaves no half-written report behind
-            page = write_report(store, outcome.study_name, outcome.report_path.with_suffix(".html"))
-        out.print(escape(f"report: {page}"))
-    raise typer.Exit(outcome.exit_code)
+        err = error_console()
+        store = TunerStore(storage)  # a damaged storage fails before the first trial
+        print_study_header(
+            err, plan, str(trace_file), trial_engine, baseline_outside(plan, trial_engine)
+        )
+        quiet_optuna()
+
+        def say(text: str) -> None:
+            err.print(escape(f"nightly {study}: {text}"), soft_wrap=True)
+
+        try:
+            with (
+                stop_signals(err),
+                ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display,
+            ):
+                outcome = retune(nightly, trial_engine, store, display.progress, say)
+        except KeyboardInterrupt:
+            err.print(
+                "interrupted: finished trials are kept; run the same command to resume tonight's "
+                "generation"
+            )
+            raise typer.Exit(exit_codes.INTERRUPTED) from None
+        out = Console(highlight=False, soft_wrap=True)
+        out.print(
+            escape(
+                f"generation {outcome.generation} ({outcome.study_name}): "
+                f"{outcome.decision.action}: {outcome.decision.reason}"
+            )
+        )
+        if outcome.serve_command:
+            out.print(escape(outcome.serve_command))
+        out.print(escape(f"report: {outcome.report_path}"))
+        if not no_report:
+            with stop_signals(err):  # a stop leaves no half-written report behind
+                page = write_report(
+                    store, outcome.study_name, outcome.report_path.with_suffix(".html")
+                )
+            out.print(escape(f"report: {page}"))
+        raise typer.Exit(outcome.exit_code)

@@ -16,7 +16,6 @@ from prefill_tuner.cli.display import (
     print_document,
     print_study_header,
     quiet_optuna,
-    stop_signals,
 )
 from prefill_tuner.cli.options import (
     MAX_TRIALS,
@@ -52,6 +51,7 @@ from prefill_tuner.replica_plan import (
     replica_details,
 )
 from prefill_tuner.report import render_summary
+from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study import StudyProgress
 
