@@ -290,6 +290,14 @@ def test_a_space_file_is_read_bounded(tune, tmp_path: Path, text: str, words: st
     assert not storage.exists()
 
 
+def test_a_profile_is_read_bounded(tune, tmp_path: Path) -> None:
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(BOMB)
+    trace = ["--trace", str(AZURE), "--max-requests", "20"]
+    err = one_line_error(*tune("simulate", *trace, "--profile", str(profile)))
+    assert f"{profile}: cannot read the profile: line 2: an alias (*a) is not read here" in err
+
+
 def test_the_bounded_reader_reads_what_safe_load_reads(tmp_path: Path) -> None:
     import yaml
 

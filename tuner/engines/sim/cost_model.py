@@ -50,7 +50,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import read_input, why_unreadable
+from prefill_tuner.files import why_unreadable
+from prefill_tuner.yaml_input import load_yaml, read_text
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -417,8 +418,8 @@ def load_profile(name_or_path: str) -> StepModel:
             )
         path = shipped
     try:
-        text = read_input(path).decode("utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        text = read_text(path)  # bounded: no profile is a megabyte, nor needs an alias
+        data = json.loads(text) if path.suffix == ".json" else load_yaml(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
         raise TunerError(f"{path}: cannot read the profile: {why_unreadable(exc)}") from None
     return profile_from_record(data, str(path))
