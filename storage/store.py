@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from sqlalchemy import create_engine, inspect, select, text, update
 from sqlalchemy.engine import URL, Engine, make_url
@@ -412,7 +413,10 @@ def mask_password(text: str, url: str) -> str:
     if url:
         text = text.replace(url, redact_url(url))
     password = _password(url)
-    return text.replace(password, "***") if password else text
+    if not password:
+        return text
+    # As given, and as the database says it back: percent-decoded (``%40`` is ``@``).
+    return text.replace(password, "***").replace(unquote(password), "***")
 
 
 def _password(url: str) -> str:
