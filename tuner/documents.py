@@ -24,7 +24,7 @@ from prefill_tuner.report import StudySummary, predicted, summarize_stored
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 
 class _Document(BaseModel):
@@ -261,6 +261,7 @@ def study_document(
     states = [t.state for t in frozen]
     complete = states.count(optuna.trial.TrialState.COMPLETE)
     target = record.target_trials
+    status: Literal["done", "in progress", "not started"]
     if complete == 0:
         status = "not started"
     elif target is not None and complete >= target:

@@ -370,6 +370,8 @@ def refine(
     screening = load_screening(study)
     if screening is None or next_candidate(study, screening) is None:
         return screening
+    if screening.profile is None or screening.base is None:
+        return screening  # skipped: it has no candidates (not reached)
     profile = screening.profile
     if screening.refit:
         try:

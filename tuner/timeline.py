@@ -97,7 +97,7 @@ def real_steps(logged: Sequence[dict[str, Any]], started_unix_s: float) -> list[
     parse_iteration_log`) as :class:`Step`, on the replay's clock (a line is logged as its
     step ends; a step starts no earlier than the previous line); lines without a time are
     left out."""
-    steps = []
+    steps: list[Step] = []
     previous_end = -np.inf
     for line in logged:
         if line.get("logged_at_s") is None:
@@ -203,7 +203,7 @@ def _window(
         "start_s": round(start_s, 6),
         "end_s": round(end_s, 6),
         "steps": {
-            "start_s": _round([s.start_s for s in window_steps]),
+            "start_s": _round([_start(s) for s in window_steps]),
             "duration_s": _round([s.duration_s for s in window_steps]),
             "prefill_tokens": [s.prefill_tokens for s in window_steps],
             "decode_tokens": [s.decode_tokens for s in window_steps],
@@ -215,13 +215,21 @@ def _window(
     }
 
 
+def _start(step: Step) -> float:
+    """A step's start: the timeline is drawn from placed steps only (both engines place
+    theirs; a step log read without its clock is diagnosed, not drawn)."""
+    if step.start_s is None:
+        raise ValueError(f"step {step.index} has no start time: not a timeline step")
+    return float(step.start_s)
+
+
 def _load(records: Sequence[RequestRecord], steps: Sequence[Step]) -> dict[str, Any]:
     """KV use, running and waiting requests and preemptions so far (the engine's steps say
     them; a real server's log does not: zero) sampled over the run. Running and waiting are the
     engine's own counts where its steps say them; otherwise from the requests: decoding
     (first token seen, last not yet) and waiting for their first token."""
     finished = [float(r.token_times_s[-1]) for r in records if len(r.token_times_s)] + [
-        float(s.start_s + s.duration_s) for s in steps[-1:]
+        _start(s) + s.duration_s for s in steps[-1:]
     ]
     end = max(finished, default=0.0)
     if end <= 0:

@@ -139,8 +139,10 @@ def step_samples(observed: Observed) -> tuple[list[StepShape], list[float], list
         shapes.append(step.shape)
         timers.append(float(logged["duration_s"]))
         at = logged.get("logged_at_s")
-        busy = step.busy_before and at is not None and previous is not None
-        cycles.append(float(at) - float(previous) if busy else math.nan)
+        if step.busy_before and at is not None and previous is not None:
+            cycles.append(float(at) - float(previous))
+        else:
+            cycles.append(math.nan)
     return shapes, timers, cycles
 
 
@@ -184,17 +186,19 @@ def calibrate(
     method = provenance.method or "vLLM's per-step log"
     if fit.cycle_held_out is None:
         method += " (no log times: host time between steps is not in the profile)"
-    profile = FittedProfile(
-        name=name,
-        description=f"Fitted to {len(shapes)} steps of {len(observed)} real replay(s).",
-        **{f"{feature}_ms": value for feature, value in fit.coefficients_ms.items()},
-        host_ms=fit.host_ms,
-        host_request_ms=fit.host_request_ms,
-        kv_bytes_per_token=kv_bytes_per_token,
-        engine_defaults=engine_defaults,
-        provenance=provenance.model_copy(
-            update={"kind": "calibrated", "method": method, "held_out_error": error}
-        ),
+    profile = FittedProfile.model_validate(
+        {
+            "name": name,
+            "description": f"Fitted to {len(shapes)} steps of {len(observed)} real replay(s).",
+            **{f"{feature}_ms": value for feature, value in fit.coefficients_ms.items()},
+            "host_ms": fit.host_ms,
+            "host_request_ms": fit.host_request_ms,
+            "kv_bytes_per_token": kv_bytes_per_token,
+            "engine_defaults": engine_defaults,
+            "provenance": provenance.model_copy(
+                update={"kind": "calibrated", "method": method, "held_out_error": error}
+            ),
+        }
     )
     profile, ttft_error = fit_frontend(profile, observed)
     return Calibration(

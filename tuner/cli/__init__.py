@@ -59,7 +59,8 @@ app.command("diagnose")(diagnose_command)
 app.command("verify")(verify_command)
 app.command("tiny-model")(tiny_model_command)
 for _command in (*app.registered_commands, *trace_app.registered_commands):
-    _command.callback = finite_floats(_command.callback)  # type: ignore[arg-type]
+    if _command.callback is not None:
+        _command.callback = finite_floats(_command.callback)
 
 
 def _print_version(value: bool) -> None:

@@ -8,6 +8,7 @@ import typer
 from rich import box
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from prefill_tuner import defaults
 from prefill_tuner.cli.display import output_console, print_document, quiet_optuna
@@ -75,7 +76,8 @@ def trials_command(
     table = narrow_table(f"* the baseline (the engine's defaults). {knob_legend(knobs)}")
     table.add_column("trial", justify="right", overflow="fold")
     table.add_column("state", overflow="fold")
-    for column in (*(COLUMNS.get(k, k) for k in knobs), *map(objective_header, objectives)):
+    headers: list[str | Text] = [COLUMNS.get(k, k) for k in knobs]
+    for column in (*headers, *map(objective_header, objectives)):
         table.add_column(column, justify="right", overflow="fold")
     table.add_column("SLOs", overflow="fold")
     notes = []

@@ -635,7 +635,7 @@ def finite_floats(command: Command) -> Command:
 
 def _flag(name: str, info: typer.models.OptionInfo) -> str:
     """An option's flag (in ``Annotated``, typer takes ``Option``'s first argument as one)."""
-    given = [*info.param_decls, info.default]
+    given = [*(info.param_decls or ()), info.default]
     return next((d for d in given if isinstance(d, str) and d.startswith("-")), f"--{name}")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import IO, Annotated
 
 import typer
 
@@ -68,9 +68,7 @@ def simulate_command(
                 requests,
                 config,
                 engine_profile,
-                on_step=lambda step: stream.write(
-                    json.dumps(step.as_dict(), separators=(",", ":")) + "\n"
-                ),
+                on_step=lambda step: _write_line(stream, step.as_dict()),
             )
     if as_json:
         typer.echo(
@@ -88,3 +86,8 @@ def simulate_command(
         output_console().print(
             render_sim_result(requests, result, engine_profile.provenance.summary())
         )
+
+
+def _write_line(stream: IO[str], record: dict[str, object]) -> None:
+    """One JSON line of ``--steps-out``."""
+    stream.write(json.dumps(record, separators=(",", ":")) + "\n")

@@ -119,12 +119,11 @@ def _stored_settings(study_name: str, trial: int | None, storage: str) -> dict[s
     store, name = open_stored(study_name, storage)
     summary = summarize_stored(store, name)
     if trial is None:
-        if summary.recommended is None:
-            raise TunerError(f"study {name}: no trial met the SLOs, nothing to verify")
         chosen = summary.recommended
+        if chosen is None:
+            raise TunerError(f"study {name}: no trial met the SLOs, nothing to verify")
     else:
-        record = store.get_study(name)
-        chosen = next((t for t in store.trials(record) if t.trial_number == trial), None)  # type: ignore[arg-type]
+        chosen = next((t for t in store.trials(summary.study) if t.trial_number == trial), None)
         if chosen is None:
             raise TunerError(f"--trial {trial}: study {name} has no such trial")
     return {k: v for k, v in chosen.settings.items() if k in KNOBS}

@@ -343,7 +343,7 @@ def fragmented_steps(view: RunView) -> Finding | None:
         return None
     threshold = int(view.settings.get("long_prefill_token_threshold") or 0)
     capped_chunks = threshold and all(
-        max((s.prefill_chunks or {0: 0}).values()) <= threshold for s in small
+        max((s.prefill_chunks or {}).values(), default=0) <= threshold for s in small
     )
     knob = (
         f"raise long_prefill_token_threshold (now {threshold}): it cuts every long prompt into "

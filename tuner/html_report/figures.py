@@ -170,13 +170,13 @@ def pareto_figure(
             continue
         limit = limits[name] * _scale(name)
         if axis == "x":
-            x, y = [limit, limit], [min(low_y, limit), max(high_y, limit)]
+            line_x, line_y = [limit, limit], [min(low_y, limit), max(high_y, limit)]
         else:
-            x, y = [min(low_x, limit), max(high_x, limit)], [limit, limit]
+            line_x, line_y = [min(low_x, limit), max(high_x, limit)], [limit, limit]
         fig.add_trace(
             go.Scatter(
-                x=x,
-                y=y,
+                x=line_x,
+                y=line_y,
                 mode="lines",
                 name=f"SLO {name} ≤ {limit:g}{' ms' if _scale(name) > 1 else ''}",
                 line={"color": "#c1121f", "dash": "dash", "width": 1},

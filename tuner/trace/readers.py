@@ -91,10 +91,11 @@ def read_trace(path: str | Path, format: str | None = None, *, sort: bool = Fals
     if format is None:
         kind = detect_format_of_text(text, path)
     else:
-        kind = FORMAT_ALIASES.get(format.lower())
-        if kind is None:
+        alias = FORMAT_ALIASES.get(format.lower())
+        if alias is None:
             choices = ", ".join(sorted(FORMAT_ALIASES))
             raise TraceError(f"unknown trace format {format!r}; choose one of: {choices}")
+        kind = alias
     reader, ticks_per_second, rebase = _READERS[kind]
     rows, adjustments = reader(text, path)
     if not rows:
@@ -183,7 +184,7 @@ def _read_jsonl(text: str, path: Path) -> tuple[list[_Row], list[Adjustment]]:
             raise TraceError(
                 f"expected a JSON object, got {type(obj).__name__}", path=path, line=line
             )
-        where = {"path": path, "line": line}
+        where: dict[str, Any] = {"path": path, "line": line}
         clock = _json_number(obj, "timestamp", where)
         prompt = _json_int(obj, "input_length", where)
         output = _json_int(obj, "output_length", where)
@@ -333,7 +334,7 @@ def _read_azure(text: str, path: Path) -> tuple[list[_Row], list[Adjustment]]:
     for line, index, cells in _csv_rows(
         text, path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
     ):
-        where = {"path": path, "line": line}
+        where: dict[str, Any] = {"path": path, "line": line}
         clock_ns, has_zone = _parse_wallclock(cells["TIMESTAMP"], where)
         if zoned is None:
             zoned = has_zone
@@ -399,7 +400,7 @@ def _read_burstgpt(text: str, path: Path) -> tuple[list[_Row], list[Adjustment]]
     failed = empty_prompt = 0
     columns = ("Timestamp", "Request tokens", "Response tokens")
     for line, index, cells in _csv_rows(text, path, columns):
-        where = {"path": path, "line": line}
+        where: dict[str, Any] = {"path": path, "line": line}
         clock = _csv_seconds(cells["Timestamp"], where)
         prompt = _csv_int(cells["Request tokens"], "Request tokens", where)
         output = _csv_int(cells["Response tokens"], "Response tokens", where)

@@ -39,7 +39,8 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self.storage.record_heartbeat(self.trial_id)
+                # An RDB storage with heartbeats: Optuna types it BaseStorage.
+                self.storage.record_heartbeat(self.trial_id)  # type: ignore[attr-defined]
                 self.error = None
             except Exception as exc:  # keep beating: the next write may succeed
                 self.error = exc

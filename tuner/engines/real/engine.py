@@ -231,6 +231,7 @@ class VllmEngine:
         try:
             with VllmServer(spec) as server:
                 startup_s = server.startup_s
+                assert startup_s is not None  # measured once healthy, before the block runs
                 overhead["start-up"] = startup_s
                 served_version = httpx.get(f"{server.base_url}/version", timeout=10).json()
                 watched = asyncio.run(

@@ -74,8 +74,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(probe.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the tuner dies (Linux only)."""
+def _in_own_group_dying_with_parent() -> None:
+    """In the child before exec: a process group of its own, whose id is its pid (Popen's
+    ``process_group=0``, which Python 3.10 does not have), and SIGTERM when the tuner dies
+    (Linux only)."""
+    os.setpgid(0, 0)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         pr_set_pdeathsig = 1
@@ -127,8 +130,7 @@ class VllmServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                process_group=0,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_in_own_group_dying_with_parent,
             )
         except OSError as exc:
             raise ServerStartError(
@@ -170,7 +172,7 @@ class VllmServer:
         process = self.process
         if process is None:
             return
-        group = process.pid  # process_group=0: the group id is the server's pid
+        group = process.pid  # its own group (see _in_own_group_dying_with_parent)
         if not _signal_and_wait(process, group, signal.SIGTERM, grace_s, resume=True):
             _signal_and_wait(process, group, signal.SIGKILL, 10.0)
         self.process = None

@@ -15,6 +15,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import numpy as np
@@ -189,8 +190,9 @@ async def replay(
         everything = asyncio.gather(*tasks, return_exceptions=True)
         stopped = asyncio.create_task(state.stopped.wait())
         last_arrival = trace.requests[-1].arrival_s if trace.requests else 0.0
+        waited: set[asyncio.Future[Any]] = {everything, stopped}
         await asyncio.wait(
-            {everything, stopped},
+            waited,
             timeout=last_arrival + options.drain_timeout_s,
             return_when=asyncio.FIRST_COMPLETED,
         )

@@ -37,7 +37,7 @@ class SimEngine:
         self.profile = profile
         self.version = f"{SIMULATOR_VERSION}; profile {profile.name}"
         self.capabilities = EngineCapabilities(engine="sim", version=self.version)
-        self.about = (f"profile {profile.name}: {profile.provenance.summary()}",)
+        self.about: tuple[str, ...] = (f"profile {profile.name}: {profile.provenance.summary()}",)
 
     def close(self) -> None:
         """Nothing to stop: the simulator runs in this process, only during a run."""
@@ -73,7 +73,7 @@ class SimEngine:
         return checked
 
     def default_settings(self) -> dict[str, Any]:
-        defaults = SimConfig(**self.profile.engine_defaults).model_dump()
+        defaults = SimConfig.model_validate(self.profile.engine_defaults).model_dump()
         return {name: defaults[name] for name in KNOBS if name in defaults}
 
     def max_model_len(self, fixed: dict[str, Any]) -> int:

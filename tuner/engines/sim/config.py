@@ -113,7 +113,7 @@ def resolve_config(
         size = int(values.get("block_size", SimConfig.model_fields["block_size"].default))
         values["num_gpu_blocks"] = int(kv_cache_memory_bytes // (size * per_token))
     try:
-        return SimConfig(**values)
+        return SimConfig.model_validate(values)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = "--" + str(first["loc"][0]).replace("_", "-") + ": " if first["loc"] else ""

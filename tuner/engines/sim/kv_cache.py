@@ -274,7 +274,7 @@ class KVCache:
                     self._evict(evicted, run.keys[start:stop])
             else:  # skip the entries hits took
                 owner = self._free_registered.get
-                positions = []
+                positions: list[int] = []
                 stop = start
                 while len(positions) < need and stop < len(blocks):
                     end = min(len(blocks), stop + need - len(positions))
