@@ -177,7 +177,7 @@ def build_plan(
     if sampler not in SAMPLERS:
         raise TunerError(f"--sampler: expected tpe or random, got {sampler!r}")
     if screen_trials:
-        if engine.name != "vllm":
+        if not engine.starts_servers:
             raise TunerError("--screen: only with --engine vllm (it screens for a real server)")
         if objective_mode != "latency":
             raise TunerError("--screen: only with --objective latency")

@@ -208,7 +208,7 @@ def open_study(
         )
     else:
         changes = definition_changes(record, plan, engine.name)
-        if getattr(engine, "deterministic", False):
+        if engine.deterministic:
             # A simulated study's numbers are its profile's (and replica count's): one study
             # must not mix two.
             ran = {trial.engine_version.version for trial in store.trials(record)}

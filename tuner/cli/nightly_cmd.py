@@ -157,7 +157,7 @@ def nightly_command(
         try:
             with (
                 stop_signals(err),
-                ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display,
+                ProgressDisplay(err, plan, verbose=trial_engine.starts_servers) as display,
             ):
                 outcome = retune(nightly, trial_engine, store, display.progress, say)
         except KeyboardInterrupt:

@@ -169,7 +169,7 @@ def run_command(
         opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
         held.enter_context(running(opened[0], store, opened[1]))  # nor one another process runs
         store.record_definition(opened[1], trials, definition_of(plan, sort=trace.sort))
-        if given_profile is not None and trial_engine.name != "sim":
+        if given_profile is not None and trial_engine.starts_servers:
             give_profile(opened[0], given_profile)  # screening's, and the explanation's below
         if bundled:
             err.print(
@@ -212,7 +212,7 @@ def run_command(
         # A line per trial when trials take minutes (a real engine); the bar alone otherwise.
         with (
             stop_signals(err),
-            ProgressDisplay(err, plan, verbose=trial_engine.name != "sim") as display,
+            ProgressDisplay(err, plan, verbose=trial_engine.starts_servers) as display,
         ):
             try:
                 if screen:
@@ -270,9 +270,9 @@ def _why_infeasible(
     simulator with the study's profile on the server's config)."""
     if summary.recommended is not None or plan.objective_mode != "latency":
         return
-    simulated = getattr(engine, "profile", None) is not None
+    simulated = engine.profile is not None
     explainer = engine if simulated else real_stand_in()
-    profile = getattr(explainer, "profile", None)
+    profile = explainer.profile if explainer is not None else None
     if explainer is None or profile is None:
         err.print(
             "whether any setting could meet these SLOs on this server: calibrate the "

@@ -16,6 +16,7 @@ from prefill_tuner.cli.display import error_console, output_console, quiet_optun
 from prefill_tuner.cli.options import REAL_SERVER, JsonOpt, ModelOpt, StorageOpt, with_options
 from prefill_tuner.cli.stored import open_stored
 from prefill_tuner.engines.factory import EngineOptions, build_engine
+from prefill_tuner.engines.real.engine import server_engine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.report import summarize_stored
@@ -93,8 +94,11 @@ def verify_command(
         checked = trial_engine.validate_fixed({**fixed, **knobs})  # vLLM's parser, before a server
         fixed = {k: v for k, v in checked.items() if k not in KNOBS}
         knobs = {k: v for k, v in checked.items() if k in KNOBS}
+        server = server_engine(trial_engine)
+        if server is None:
+            raise TunerError("tune verify compares a real server's outputs: give --engine vllm")
         result = verify(
-            trial_engine,  # type: ignore[arg-type]
+            server,
             {"configuration": knobs, **({"irregular chunks": IRREGULAR} if irregular else {})},
             fixed=fixed,
             say=lambda text: err.print(escape(text), soft_wrap=True),

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics
 from prefill_tuner.search_spaces.space import EngineCapabilities
 from prefill_tuner.trace.model import Trace
+
+if TYPE_CHECKING:
+    from prefill_tuner.engines.sim.cost_model import StepModel
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,18 @@ class TrialEngine(Protocol):
     about: tuple[str, ...]
     """Lines a study's header prints: what the engine's numbers can be trusted for (the
     simulator's profile, estimated or calibrated)."""
+    deterministic: bool
+    """The same trace and settings always give the same run (the simulator): one measurement
+    of a setting is enough, and a study's trials must all come from one version."""
+    starts_servers: bool
+    """Each run starts a server (a real engine): minutes a trial, a log each; screening and
+    ``tune verify`` are for such an engine."""
+
+    @property
+    def profile(self) -> StepModel | None:
+        """The step-time profile the engine's runs follow (the simulator's); ``None`` for a
+        real server (a study may keep a stand-in profile for it: screening's, or given)."""
+        ...
 
     def validate_fixed(self, fixed: dict[str, Any]) -> dict[str, Any]:
         """The ``--set`` values as the engine takes them (``0`` for a boolean: ``False``);

@@ -23,7 +23,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from prefill_tuner import exit_codes
 from prefill_tuner.engines.base import TrialEngine
-from prefill_tuner.engines.real.engine import VllmEngine
+from prefill_tuner.engines.real.engine import server_engine
 from prefill_tuner.evaluation import verdict_of
 from prefill_tuner.nightly.plan import NightlyPlan
 from prefill_tuner.nightly.promotion import Decision, Measurement, decide
@@ -89,7 +89,7 @@ def retune(
     engine_changed = previous is not None and previous.engine_version != engine.version
     if engine_changed:
         say(f"engine changed: {previous.engine_version} → {engine.version}")  # type: ignore[union-attr]
-    repeats = 1 if getattr(engine, "deterministic", False) else nightly.repeats
+    repeats = 1 if engine.deterministic else nightly.repeats
 
     incumbent_runs = None
     if incumbent is not None:
@@ -186,12 +186,13 @@ def verified(
 ) -> Decision:
     """The promotion, if ``tune verify`` finds the challenger's chunking changes no output;
     else ``rejected``, saying where the outputs diverged."""
-    if not isinstance(engine, VllmEngine):
+    server = server_engine(engine)
+    if server is None:
         return decision  # nothing to verify on the simulator: it computes no outputs
     say("verifying the challenger's outputs against a no-chunking reference")
     knobs = {k: v for k, v in challenger.items() if k in KNOBS}
     result = verify(
-        engine,
+        server,
         {"challenger": knobs, "irregular chunks": IRREGULAR},
         fixed=dict(plan.space.fixed),
         say=say,

@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 
 from prefill_tuner import defaults
-from prefill_tuner.engines.base import CutShort, EngineRun
+from prefill_tuner.engines.base import CutShort, EngineRun, TrialEngine
 from prefill_tuner.engines.real.guard import ReplayGuard
 from prefill_tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
 from prefill_tuner.engines.real.replay import ReplayOptions, ReplayResult, ReplayState, replay
@@ -70,6 +70,9 @@ class VllmEngine:
 
     name = "vllm"
     deterministic = False
+    starts_servers = True
+    profile = None
+    """No step-time profile: its steps take what the server takes."""
     about: tuple[str, ...] = ()
 
     def __init__(
@@ -429,3 +432,9 @@ def _vocab_size(model: str) -> int | None:
     except (OSError, ValueError):
         return None
     return int(value) if isinstance(value, int) and value > 16 else None
+
+
+def server_engine(engine: TrialEngine) -> VllmEngine | None:
+    """The engine as a real vLLM server's, for what only a server does (``tune verify``
+    compares the outputs it computes); ``None`` for the simulator."""
+    return engine if isinstance(engine, VllmEngine) else None

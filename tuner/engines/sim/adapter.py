@@ -32,6 +32,7 @@ class SimEngine:
     server_args: tuple[str, ...] = ()
     deterministic = True
     """The same trace and settings always give the same run."""
+    starts_servers = False
 
     def __init__(self, profile: StepModel) -> None:
         self.profile = profile
