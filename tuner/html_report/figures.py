@@ -92,7 +92,8 @@ def pareto_figure(
     def xy(trial: TrialRecord) -> tuple[float, float]:
         if len(names) == 1:
             return trial.trial_number, trial.objectives[names[0]] * _scale(names[0])
-        return tuple(trial.objectives[n] * _scale(n) for n in names)  # type: ignore[return-value]
+        first, second = names
+        return trial.objectives[first] * _scale(first), trial.objectives[second] * _scale(second)
 
     def finite(values: list[float]) -> list[float]:
         return [v for v in values if v is not None and math.isfinite(v) and v > 0]

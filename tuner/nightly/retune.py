@@ -87,8 +87,8 @@ def retune(
     plan = replace(nightly.plan, name=f"{nightly.family}-g{generation}")
     incumbent = previous.deployed if previous else None
     engine_changed = previous is not None and previous.engine_version != engine.version
-    if engine_changed:
-        say(f"engine changed: {previous.engine_version} → {engine.version}")  # type: ignore[union-attr]
+    if previous is not None and engine_changed:
+        say(f"engine changed: {previous.engine_version} → {engine.version}")
     repeats = 1 if engine.deterministic else nightly.repeats
 
     incumbent_runs = None

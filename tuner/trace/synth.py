@@ -148,9 +148,10 @@ def arrival_times(
         raise TunerError(f"--duration: must be at most {MAX_SECONDS:g} seconds, got {duration_s}")
     if arrivals == "gamma" and not 0 < cv < math.inf:
         raise TunerError(f"--cv: must be a positive number, got {cv}")
-    expected = count if count is not None else duration_s * rate  # type: ignore[operator]
-    if count is not None and duration_s is not None:
-        expected = min(count, duration_s * rate)
+    if duration_s is None:
+        expected = float(count or 0)
+    else:
+        expected = duration_s * rate if count is None else min(count, duration_s * rate)
     if expected > MAX_REQUESTS:
         raise TunerError(
             f"about {expected:,.0f} requests: a synthetic trace holds at most {MAX_REQUESTS:,} "
