@@ -15,7 +15,17 @@ from dataclasses import dataclass
 
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.metrics import RunMetrics
-from prefill_tuner.trace.classes import CLASS_NAME_RULE, is_class_name
+
+CLASS_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
+"""A traffic class's name: 1-32 letters, digits, ``_`` or ``-`` (SLO names and columns carry
+it; the trace's classes, :mod:`prefill_tuner.trace.classes`, are named by the same rule)."""
+CLASS_NAME_RULE = "1-32 letters, digits, '_' or '-'"
+
+
+def is_class_name(value: object) -> bool:
+    """Whether ``value`` is a valid class name (:data:`CLASS_NAME`)."""
+    return isinstance(value, str) and CLASS_NAME.fullmatch(value) is not None
+
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 STATISTICS = ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")

@@ -10,7 +10,7 @@ from pathlib import Path
 from prefill_tuner import defaults
 from prefill_tuner.diagnosis import simulated_view
 from prefill_tuner.engines.sim import SimConfig, load_profile
-from prefill_tuner.timeline import build_timeline
+from prefill_tuner.engines.timeline import build_timeline
 from prefill_tuner.trace import load_trace
 from tests.conftest import ROOT
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from prefill_tuner.version import __version__
 
 _EXPORTS = {
     "EngineOptions": "prefill_tuner.engines.factory",

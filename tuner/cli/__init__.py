@@ -13,7 +13,7 @@ import typer
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from prefill_tuner import __version__, exit_codes
+from prefill_tuner import exit_codes
 from prefill_tuner.cli.calibrate_cmd import calibrate_command
 from prefill_tuner.cli.diagnose_cmd import diagnose_command
 from prefill_tuner.cli.listing_cmd import studies_command, trials_command
@@ -32,6 +32,7 @@ from prefill_tuner.errors import TunerError
 from prefill_tuner.files import WRITE_FAILURES
 from prefill_tuner.redaction import redact_text
 from prefill_tuner.storage.store import mask_password, storage_error
+from prefill_tuner.version import __version__
 
 app = typer.Typer(
     name="tune",

@@ -21,15 +21,15 @@ import numpy as np
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.engine import StepRecord, simulate
+from prefill_tuner.engines.timeline import Step, real_steps, sim_step
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import read_input, why_unreadable
 from prefill_tuner.objectives.metrics import RequestRecord
 from prefill_tuner.objectives.slo import Slo
-from prefill_tuner.timeline import Step, real_steps, sim_step
 from prefill_tuner.trace.model import Trace
 
 StepView = Step
-"""One engine step (:class:`prefill_tuner.timeline.Step`: the same record the report's
+"""One engine step (:class:`prefill_tuner.engines.timeline.Step`: the same record the report's
 timeline reads)."""
 
 

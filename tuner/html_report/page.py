@@ -22,6 +22,7 @@ import plotly.offline
 
 from prefill_tuner.diagnosis import Finding, diagnose
 from prefill_tuner.diagnosis.sources import trial_view
+from prefill_tuner.engines.timeline import build_timeline
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
 from prefill_tuner.html_report.figures import (
@@ -43,7 +44,6 @@ from prefill_tuner.report import (
 from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.timeline import build_timeline
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.stats import trace_stats
 

@@ -14,18 +14,10 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.slo import CLASS_NAME_RULE, is_class_name
 from prefill_tuner.trace.model import Adjustment, Trace
 
-CLASS_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
-"""A class name: 1-32 letters, digits, ``_`` or ``-`` (it appears in SLO names and columns)."""
-CLASS_NAME_RULE = "1-32 letters, digits, '_' or '-'"
-
 _BOUND = re.compile(r"\d{1,10}")
-
-
-def is_class_name(value: object) -> bool:
-    """Whether ``value`` is a valid class name (:data:`CLASS_NAME`)."""
-    return isinstance(value, str) and CLASS_NAME.fullmatch(value) is not None
 
 
 @dataclass(frozen=True, slots=True)

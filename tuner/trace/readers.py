@@ -40,7 +40,7 @@ from typing import Any
 
 from prefill_tuner.errors import TraceError
 from prefill_tuner.files import read_input
-from prefill_tuner.trace.classes import CLASS_NAME_RULE, is_class_name
+from prefill_tuner.objectives.slo import CLASS_NAME_RULE, is_class_name
 from prefill_tuner.trace.model import Adjustment, Request, Trace, TraceSource
 
 MOONCAKE_BLOCK_SIZE = 512

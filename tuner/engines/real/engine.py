@@ -41,6 +41,7 @@ from prefill_tuner.engines.real.signals import (
     server_config,
     step_summary,
 )
+from prefill_tuner.engines.timeline import build_timeline, real_steps
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
@@ -49,7 +50,6 @@ from prefill_tuner.redaction import redact, redact_args, remember, secret_values
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import flag_name, serve_args
 from prefill_tuner.search_spaces.space import EngineCapabilities, effective_settings
-from prefill_tuner.timeline import build_timeline, real_steps
 from prefill_tuner.trace.model import Trace
 
 ITERATION_FLAG = "--enable-logging-iteration-details"

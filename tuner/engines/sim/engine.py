@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefill_tuner import __version__
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel, StepShape, shape_of
 from prefill_tuner.engines.sim.request import PrefixInterner, SimRequest, Status
 from prefill_tuner.engines.sim.scheduler import Scheduler, StepPlan
 from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics, summarize_run
 from prefill_tuner.trace.model import Trace
+from prefill_tuner.version import __version__
 
 SIMULATOR_VERSION = f"tuner-sim {__version__} (vLLM V1 scheduler, synchronous and async)"
 
