@@ -1,4 +1,4 @@
-"""How close the latency floors (``tuner/infeasibility.py``) come to what settings achieve
+"""How close the latency floors (``tuner/study/infeasibility.py``) come to what settings achieve
 (issue 18).
 
     .venv/bin/python benchmarks/floor_tightness.py
@@ -18,8 +18,8 @@ import itertools
 import random
 
 from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
-from prefill_tuner.infeasibility import latency_floor
 from prefill_tuner.objectives.slo import parse_slos
+from prefill_tuner.study.infeasibility import latency_floor
 from prefill_tuner.trace.model import Request, Trace
 from prefill_tuner.trace.synth import parse_mix, synthesize
 

@@ -43,21 +43,21 @@ from unittest import mock
 import optuna
 from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
-import prefill_tuner.study
+import prefill_tuner.study.run
 from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.objectives.scoring import judge
 from prefill_tuner.objectives.slo import Slo, parse_slos
-from prefill_tuner.plan import StudyPlan
 from prefill_tuner.search_spaces.space import (
     SearchSpace,
     build_space,
     effective_settings,
 )
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study import run_study
+from prefill_tuner.study.plan import StudyPlan
+from prefill_tuner.study.run import run_study
 from prefill_tuner.trace import ShapeOptions, Trace, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -340,14 +340,14 @@ METHODS: dict[str, Method] = {
 @contextlib.contextmanager
 def method_in_place(method: Method, clock: list[float]) -> Iterator[None]:
     """Make ``run_study`` use the method's sampler, timed."""
-    make_sampler = prefill_tuner.study.make_sampler
+    make_sampler = prefill_tuner.study.run.make_sampler
 
     def make(kind: str, seed: int, startup_trials: int = 8) -> optuna.samplers.BaseSampler:
         if method.factory is not None:
             return timed(method.factory(seed, startup_trials), clock)
         return timed(make_sampler(kind, seed, startup_trials), clock)
 
-    with mock.patch.object(prefill_tuner.study, "make_sampler", make):
+    with mock.patch.object(prefill_tuner.study.run, "make_sampler", make):
         yield
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import optuna
 
-from prefill_tuner import study
 from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.entry import main
+from prefill_tuner.study import run as study
 from prefill_tuner.worker import loop
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jsonschema
 
-from prefill_tuner import documents
+from prefill_tuner.output import documents
 from tests.conftest import AZURE, ROOT
 
 SCHEMA = ROOT / "docs" / "summary.schema.json"
@@ -21,7 +21,7 @@ def validate(document: dict, name: str) -> None:
 
 
 def test_the_committed_schema_is_the_documents_own() -> None:
-    # Regenerate with: .venv/bin/python -m prefill_tuner.documents > docs/summary.schema.json
+    # Regenerate with: .venv/bin/python -m prefill_tuner.output.documents > docs/summary.schema.json
     assert SCHEMA.read_text() == documents.schema()
     schemas = json.loads(SCHEMA.read_text())
     summary = schemas["SummaryDocument"]

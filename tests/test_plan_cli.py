@@ -10,9 +10,9 @@ import pytest
 
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.adapter import ReplicatedSimEngine
-from prefill_tuner.evaluation import verdict_of
 from prefill_tuner.objectives.slo import parse_slos
 from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.evaluation import verdict_of
 from prefill_tuner.trace import load_trace
 
 SLOS = ("p99_ttft=1s", "p99_tpot=40ms")

@@ -16,7 +16,7 @@ from prefill_tuner.engines.real.engine import new_log_path
 from prefill_tuner.engines.real.launcher import classify_failure, failure_cause
 from prefill_tuner.engines.real.resolver import VLLM_ARGS, error_line
 from prefill_tuner.objectives.scoring import Objective, Verdict
-from prefill_tuner.study import TrialResult
+from prefill_tuner.study.run import TrialResult
 
 ENGINE_DEAD_LOG = """\
 (APIServer pid=1) INFO 11-30 21:53:52 [api_server.py:1] vLLM API server version 0.32.0

@@ -1,4 +1,5 @@
-"""The recommendation protects every objective, not only the SLO'd ones (tuner/recommend.py)."""
+"""The recommendation protects every objective, not only the SLO'd ones
+(tuner/study/recommend.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefill_tuner.recommend import recommend
-from prefill_tuner.report import summarize_stored
 from prefill_tuner.storage.models import TrialRecord
 from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.recommend import recommend
+from prefill_tuner.study.summary import summarize_stored
 from tests.conftest import MOONCAKE
 
 LIMIT = 0.050  # p99_tpot=50ms

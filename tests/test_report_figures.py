@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from prefill_tuner.html_report.figures import optuna_figures, timeline_figure
+from prefill_tuner.output.html.figures import optuna_figures, timeline_figure
 from prefill_tuner.search_spaces.knobs import KNOBS
 from tests.conftest import AZURE
 

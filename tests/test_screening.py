@@ -11,17 +11,18 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from prefill_tuner import defaults, screening
+from prefill_tuner import defaults
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.nightly.plan import NightlyPlan
 from prefill_tuner.nightly.retune import retune
-from prefill_tuner.plan import TraceSpec, build_plan
-from prefill_tuner.report import find_study, summarize_stored
-from prefill_tuner.screening import Candidate, candidates_of, rerank
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study import StudyProgress, TrialObjective, open_study
+from prefill_tuner.study import screening
+from prefill_tuner.study.plan import TraceSpec, build_plan
+from prefill_tuner.study.run import StudyProgress, TrialObjective, open_study
+from prefill_tuner.study.screening import Candidate, candidates_of, rerank
+from prefill_tuner.study.summary import find_study, summarize_stored
 from prefill_tuner.worker.claim import Claimed, Wait, claim_trial
 from prefill_tuner.worker.definition import plan_from_record
 from prefill_tuner.worker.loop import run_worker

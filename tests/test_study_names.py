@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from prefill_tuner.plan import default_study_name
+from prefill_tuner.study.plan import default_study_name
 from tests.conftest import AZURE
 
 BAD = ["../escape", "a/b", "", ".hidden", "-flag", "x" * 101, "[bold red]x[/]", "name with space"]

@@ -14,15 +14,15 @@ import pytest
 from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
 from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.errors import TunerError
-from prefill_tuner.first_trials import decode_batch
-from prefill_tuner.infeasibility import latency_floor
 from prefill_tuner.objectives.early_abort import EarlyAbortRule, Snapshot
 from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
 from prefill_tuner.objectives.scoring import UNMEASURED, judge, statistic
 from prefill_tuner.objectives.slo import parse_slo, parse_slos
-from prefill_tuner.plan import StudyPlan
 from prefill_tuner.search_spaces.space import SearchSpace
 from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.first_trials import decode_batch
+from prefill_tuner.study.infeasibility import latency_floor
+from prefill_tuner.study.plan import StudyPlan
 from prefill_tuner.trace import ShapeOptions, load_trace
 from prefill_tuner.trace.classes import ClassBand, parse_classes
 from prefill_tuner.trace.model import Request, Trace

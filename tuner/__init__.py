@@ -28,18 +28,18 @@ _EXPORTS = {
     "build_engine": "prefill_tuner.engines.factory",
     "TrialEngine": "prefill_tuner.engines.base",
     "EngineRun": "prefill_tuner.engines.base",
-    "StudyPlan": "prefill_tuner.plan",
-    "build_plan": "prefill_tuner.plan",
-    "search_space_for": "prefill_tuner.plan",
-    "open_study": "prefill_tuner.study",
-    "run_study": "prefill_tuner.study",
-    "StudyProgress": "prefill_tuner.study",
-    "TrialResult": "prefill_tuner.study",
-    "verdict_of": "prefill_tuner.evaluation",
-    "capacity_search": "prefill_tuner.evaluation",
-    "StudySummary": "prefill_tuner.report",
-    "summarize_stored": "prefill_tuner.report",
-    "export": "prefill_tuner.report",
+    "StudyPlan": "prefill_tuner.study.plan",
+    "build_plan": "prefill_tuner.study.plan",
+    "search_space_for": "prefill_tuner.study.plan",
+    "open_study": "prefill_tuner.study.run",
+    "run_study": "prefill_tuner.study.run",
+    "StudyProgress": "prefill_tuner.study.run",
+    "TrialResult": "prefill_tuner.study.run",
+    "verdict_of": "prefill_tuner.study.evaluation",
+    "capacity_search": "prefill_tuner.study.evaluation",
+    "StudySummary": "prefill_tuner.study.summary",
+    "summarize_stored": "prefill_tuner.study.summary",
+    "export": "prefill_tuner.study.summary",
     "TunerStore": "prefill_tuner.storage.store",
     "Trace": "prefill_tuner.trace",
     "ShapeOptions": "prefill_tuner.trace",
@@ -49,9 +49,9 @@ _EXPORTS = {
     "SimConfig": "prefill_tuner.engines.sim",
     "simulate": "prefill_tuner.engines.sim",
     "simulate_replicas": "prefill_tuner.engines.sim.replicas",
-    "ReplicaPlan": "prefill_tuner.replica_plan",
-    "plan_replicas": "prefill_tuner.replica_plan",
-    "latency_floor": "prefill_tuner.infeasibility",
+    "ReplicaPlan": "prefill_tuner.study.replica_plan",
+    "plan_replicas": "prefill_tuner.study.replica_plan",
+    "latency_floor": "prefill_tuner.study.infeasibility",
     "load_profile": "prefill_tuner.engines.sim",
     "TunerError": "prefill_tuner.errors",
     "SAMPLE_TRACE": "prefill_tuner.defaults",
@@ -119,12 +119,12 @@ if TYPE_CHECKING:
     from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
     from prefill_tuner.engines.sim.replicas import simulate_replicas
     from prefill_tuner.errors import TunerError
-    from prefill_tuner.evaluation import capacity_search, verdict_of
-    from prefill_tuner.infeasibility import latency_floor
     from prefill_tuner.objectives.slo import Slo, parse_slos
-    from prefill_tuner.plan import StudyPlan, build_plan, search_space_for
-    from prefill_tuner.replica_plan import ReplicaPlan, plan_replicas
-    from prefill_tuner.report import StudySummary, export, summarize_stored
     from prefill_tuner.storage.store import TunerStore
-    from prefill_tuner.study import StudyProgress, TrialResult, open_study, run_study
+    from prefill_tuner.study.evaluation import capacity_search, verdict_of
+    from prefill_tuner.study.infeasibility import latency_floor
+    from prefill_tuner.study.plan import StudyPlan, build_plan, search_space_for
+    from prefill_tuner.study.replica_plan import ReplicaPlan, plan_replicas
+    from prefill_tuner.study.run import StudyProgress, TrialResult, open_study, run_study
+    from prefill_tuner.study.summary import StudySummary, export, summarize_stored
     from prefill_tuner.trace import ShapeOptions, Trace, load_trace

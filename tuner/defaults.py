@@ -21,7 +21,7 @@ SAMPLER = "tpe"
 STARTUP_TRIALS = 8
 """Trials TPE samples at random before it models the results (the baseline included)."""
 RULE_TRIALS = True
-"""Latency studies run a few rule-derived settings after the baseline (tuner/first_trials.py;
+"""Latency studies run a few rule-derived settings after the baseline (tuner/study/first_trials.py;
 benchmarks/RESULTS.md, issue 17)."""
 ROUTER = "least-outstanding"
 """``tune plan``'s router in front of the replicas."""

@@ -24,9 +24,9 @@ from prefill_tuner.cli.options import (
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
-from prefill_tuner.plan import check_study_name
 from prefill_tuner.search_spaces.space import parse_assignments, parse_value
 from prefill_tuner.storage.store import inputs_of
+from prefill_tuner.study.plan import check_study_name
 
 CALIBRATION_SEQS = 128
 """Largest decode batch of the designed workload unless ``--max-num-seqs`` says otherwise."""

@@ -21,9 +21,9 @@ from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim import SimResult
 from prefill_tuner.objectives.scoring import Objective
 from prefill_tuner.objectives.slo import format_seconds
-from prefill_tuner.plan import RATE_MULTIPLIER, StudyPlan
 from prefill_tuner.search_spaces.space import baseline_outside_note
-from prefill_tuner.study import StudyProgress, TrialResult
+from prefill_tuner.study.plan import RATE_MULTIPLIER, StudyPlan
+from prefill_tuner.study.run import StudyProgress, TrialResult
 from prefill_tuner.trace import Trace
 from prefill_tuner.trace.stats import TraceStats
 from prefill_tuner.worker.claim import Claimed, Wait

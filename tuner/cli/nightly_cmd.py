@@ -36,12 +36,12 @@ from prefill_tuner.cli.options import (
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.errors import TunerError
-from prefill_tuner.html_report import write_report
 from prefill_tuner.nightly.retune import NightlyPlan, retune
-from prefill_tuner.plan import SpaceSpec, build_plan, check_study_name
+from prefill_tuner.output.html import write_report
 from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study import baseline_outside
+from prefill_tuner.study.plan import SpaceSpec, build_plan, check_study_name
+from prefill_tuner.study.run import baseline_outside
 
 
 @with_options(engine=ENGINE, trace=TRACE, space=SPACE)

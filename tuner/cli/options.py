@@ -27,9 +27,9 @@ from prefill_tuner.engines.factory import EngineOptions
 from prefill_tuner.engines.sim.config import SimConfig, resolve_config
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.errors import TunerError
-from prefill_tuner.plan import SpaceSpec, TraceSpec
 from prefill_tuner.search_spaces.space import MAX_ENGINE_INT
 from prefill_tuner.storage.store import check_storage_url
+from prefill_tuner.study.plan import SpaceSpec, TraceSpec
 from prefill_tuner.trace import ShapeOptions
 
 ENGINE_PANEL = "Engine"

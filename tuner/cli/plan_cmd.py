@@ -30,30 +30,30 @@ from prefill_tuner.cli.options import (
     TraceChoice,
     with_options,
 )
-from prefill_tuner.documents import plan_document
 from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.engines.sim.routing import ROUTERS
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.scoring import ERRORS
-from prefill_tuner.plan import (
+from prefill_tuner.output.documents import plan_document
+from prefill_tuner.stopping import stop_signals
+from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.plan import (
     SpaceSpec,
     StudyPlan,
     build_plan,
     check_study_name,
     default_study_name,
 )
-from prefill_tuner.replica_plan import (
+from prefill_tuner.study.replica_plan import (
     CountResult,
     ReplicaPlan,
     count_study_name,
     plan_replicas,
     replica_details,
 )
-from prefill_tuner.report import render_summary
-from prefill_tuner.stopping import stop_signals
-from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study import StudyProgress
+from prefill_tuner.study.run import StudyProgress
+from prefill_tuner.study.summary import render_summary
 
 MAX_REPLICAS = 1024
 """The most replicas ``--max-replicas`` takes (each is simulated)."""

@@ -11,7 +11,7 @@ from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import error_console
 from prefill_tuner.cli.options import StorageOpt, StudyOpt
 from prefill_tuner.cli.stored import open_stored
-from prefill_tuner.html_report import write_report
+from prefill_tuner.output.html import write_report
 from prefill_tuner.stopping import stop_signals
 
 

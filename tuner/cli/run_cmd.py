@@ -41,19 +41,19 @@ from prefill_tuner.cli.options import (
     with_options,
 )
 from prefill_tuner.diagnosis.sources import trial_findings
-from prefill_tuner.documents import stored_summary_document
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim.cost_model import StepModel, load_profile
 from prefill_tuner.files import check_output
-from prefill_tuner.html_report import write_report
-from prefill_tuner.infeasibility import latency_floor, rate_headroom
-from prefill_tuner.plan import SpaceSpec, StudyPlan, build_plan
-from prefill_tuner.report import StudySummary, render_summary, summarize_stored
-from prefill_tuner.screening import give_profile, run_screened_study, stand_in
+from prefill_tuner.output.documents import stored_summary_document
+from prefill_tuner.output.html import write_report
 from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore, inputs_of, redact_url
-from prefill_tuner.study import baseline_outside, open_study, run_study, running
+from prefill_tuner.study.infeasibility import latency_floor, rate_headroom
+from prefill_tuner.study.plan import SpaceSpec, StudyPlan, build_plan
+from prefill_tuner.study.run import baseline_outside, open_study, run_study, running
+from prefill_tuner.study.screening import give_profile, run_screened_study, stand_in
+from prefill_tuner.study.summary import StudySummary, render_summary, summarize_stored
 from prefill_tuner.worker.definition import definition_of
 
 

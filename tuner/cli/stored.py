@@ -6,9 +6,9 @@ from pathlib import Path
 
 from prefill_tuner.cli.display import quiet_optuna
 from prefill_tuner.files import check_output
-from prefill_tuner.plan import check_study_name
-from prefill_tuner.report import find_study
 from prefill_tuner.storage.store import TunerStore, inputs_of
+from prefill_tuner.study.plan import check_study_name
+from prefill_tuner.study.summary import find_study
 
 
 def open_stored(

@@ -19,9 +19,9 @@ from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.real.engine import server_engine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
-from prefill_tuner.report import summarize_stored
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.space import parse_assignments, parse_value
+from prefill_tuner.study.summary import summarize_stored
 from prefill_tuner.verify import IRREGULAR, load_reference, verify
 
 

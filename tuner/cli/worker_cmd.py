@@ -21,9 +21,9 @@ from prefill_tuner.cli.display import (
 from prefill_tuner.cli.options import ENGINE, StorageOpt, with_options
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.errors import TunerError
-from prefill_tuner.plan import check_study_name
 from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore, redact_url
+from prefill_tuner.study.plan import check_study_name
 from prefill_tuner.worker.definition import plan_from_record
 from prefill_tuner.worker.loop import run_worker
 from prefill_tuner.worker.shared import open_shared_study

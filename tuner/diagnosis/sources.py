@@ -18,8 +18,8 @@ from prefill_tuner.engines.sim.cost_model import profile_from_record
 from prefill_tuner.engines.sim.replicas import simulate_replicas
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.slo import parse_slos, split_name
-from prefill_tuner.report import study_trace
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
+from prefill_tuner.study.summary import study_trace
 from prefill_tuner.trace.model import Trace
 
 

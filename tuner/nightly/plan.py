@@ -10,7 +10,7 @@ from prefill_tuner import defaults
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import check_output
-from prefill_tuner.plan import StudyPlan
+from prefill_tuner.study.plan import StudyPlan
 
 
 @dataclass(frozen=True)

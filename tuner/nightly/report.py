@@ -14,10 +14,10 @@ from prefill_tuner.files import atomic_text
 from prefill_tuner.nightly import promotion
 from prefill_tuner.nightly.plan import NightlyPlan
 from prefill_tuner.objectives.slo import format_seconds
-from prefill_tuner.report import StudySummary
 from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.search_spaces.space import EngineCapabilities
 from prefill_tuner.storage.models import NightlyRun
+from prefill_tuner.study.summary import StudySummary
 
 TRACE_ROWS = (
     ("requests", "requests", "{:,}"),

@@ -24,26 +24,26 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from prefill_tuner import exit_codes
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.real.engine import server_engine
-from prefill_tuner.evaluation import verdict_of
 from prefill_tuner.nightly.plan import NightlyPlan
 from prefill_tuner.nightly.promotion import Decision, Measurement, decide
 from prefill_tuner.nightly.report import write_outputs
 from prefill_tuner.objectives.scoring import statistic
-from prefill_tuner.plan import StudyPlan
-from prefill_tuner.report import summarize_study
-from prefill_tuner.screening import give_profile, run_screened_study
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.space import knob_availability
 from prefill_tuner.storage.models import NightlyRun
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study import (
+from prefill_tuner.study.evaluation import verdict_of
+from prefill_tuner.study.plan import StudyPlan
+from prefill_tuner.study.run import (
     StudyProgress,
     definition_changes,
     enqueue_baseline,
     open_study,
     run_study,
 )
+from prefill_tuner.study.screening import give_profile, run_screened_study
+from prefill_tuner.study.summary import summarize_study
 from prefill_tuner.trace.stats import trace_stats
 from prefill_tuner.verify import IRREGULAR, verify
 

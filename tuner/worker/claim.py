@@ -8,7 +8,7 @@ Under the study's lock (a row lock on PostgreSQL, a file lock beside an SQLite f
 2. counts the COMPLETE and RUNNING trials: the study is done at its target of COMPLETE
    trials; while COMPLETE + RUNNING reach the target, the worker waits (a RUNNING trial may
    yet fail and be retried);
-3. in a screened study (:mod:`prefill_tuner.screening`), proposes nothing before the
+3. in a screened study (:mod:`prefill_tuner.study.screening`), proposes nothing before the
    screening: while the baseline runs, the worker waits; the first claim after it runs the
    screening (so exactly once); each claim then queues the next candidate the screening
    found, until they are spent;
@@ -29,14 +29,14 @@ import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from prefill_tuner.screening import (
+from prefill_tuner.study.run import WORKER_ATTR, enqueue_baseline, enqueue_rule_trials, make_sampler
+from prefill_tuner.study.screening import (
     baseline_pending,
     enqueue_candidate,
     load_screening,
     next_candidate,
     screen,
 )
-from prefill_tuner.study import WORKER_ATTR, enqueue_baseline, enqueue_rule_trials, make_sampler
 from prefill_tuner.worker.shared import SharedStudy, quiet_optuna_warnings, trial_id
 
 

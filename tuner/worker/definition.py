@@ -20,9 +20,9 @@ from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import read_input
 from prefill_tuner.objectives.slo import parse_slos
-from prefill_tuner.plan import StudyPlan
 from prefill_tuner.search_spaces.space import Dropped, KnobRange, SearchSpace, knob_availability
 from prefill_tuner.storage.models import StudyRecord
+from prefill_tuner.study.plan import StudyPlan
 from prefill_tuner.trace import ShapeOptions, load_trace
 
 DEFINITION_VERSION = 1

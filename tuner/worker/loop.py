@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
-from prefill_tuner.screening import load_screening, predictor, refine
-from prefill_tuner.study import StudyProgress, TrialObjective, TrialResult
+from prefill_tuner.study.run import StudyProgress, TrialObjective, TrialResult
+from prefill_tuner.study.screening import load_screening, predictor, refine
 from prefill_tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
 from prefill_tuner.worker.heartbeat import Heartbeat
 from prefill_tuner.worker.shared import SharedStudy, quiet_optuna_warnings

@@ -13,10 +13,10 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
-from prefill_tuner.plan import StudyPlan
 from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
-from prefill_tuner.study import study_directions
+from prefill_tuner.study.plan import StudyPlan
+from prefill_tuner.study.run import study_directions
 
 MAX_RETRIES = 2
 """Times a dead worker's trial is queued again: a trial that kills every worker that runs it

@@ -25,25 +25,25 @@ from prefill_tuner.diagnosis.sources import trial_view
 from prefill_tuner.engines.timeline import build_timeline
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
-from prefill_tuner.html_report.figures import (
+from prefill_tuner.objectives.slo import format_seconds, parse_slos
+from prefill_tuner.output.html.figures import (
     cdf_figure,
     load_figure,
     optuna_figures,
     pareto_figure,
     timeline_figure,
 )
-from prefill_tuner.objectives.slo import format_seconds, parse_slos
-from prefill_tuner.recommend import RULE
-from prefill_tuner.report import (
+from prefill_tuner.search_spaces.render import command_yaml
+from prefill_tuner.storage.models import StudyRecord, TrialRecord
+from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.recommend import RULE
+from prefill_tuner.study.summary import (
     StudySummary,
     knob_cells,
     require_finished,
     study_trace,
     summarize_stored,
 )
-from prefill_tuner.search_spaces.render import command_yaml
-from prefill_tuner.storage.models import StudyRecord, TrialRecord
-from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.stats import trace_stats
 

@@ -23,13 +23,13 @@ from prefill_tuner.errors import TunerError
 from prefill_tuner.files import read_input
 from prefill_tuner.objectives.scoring import ERRORS
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
-from prefill_tuner.plan import SCREEN_SUFFIX, check_study_name
-from prefill_tuner.recommend import RULE, recommend
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.search_spaces.space import BASELINE_OUTSIDE
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
+from prefill_tuner.study.plan import SCREEN_SUFFIX, check_study_name
+from prefill_tuner.study.recommend import RULE, recommend
 from prefill_tuner.trace import ShapeOptions, load_trace
 from prefill_tuner.trace.model import Trace
 
@@ -428,7 +428,7 @@ def _improvement(summary: StudySummary, best: TrialRecord, baseline: TrialRecord
 
 def export(summary: StudySummary, model: str, fmt: str) -> str:
     """The Pareto settings as a shell script, or a ``vllm serve --config`` YAML (recommended);
-    JSON is a document (:func:`prefill_tuner.documents.export_document`)."""
+    JSON is a document (:func:`prefill_tuner.output.documents.export_document`)."""
     if summary.recommended is None:
         raise ValueError("no trial met the SLOs")
     ordered = [summary.recommended] + [t for t in summary.pareto if t is not summary.recommended]

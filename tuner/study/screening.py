@@ -44,14 +44,13 @@ from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel, profile_from_record
 from prefill_tuner.errors import TunerError
-from prefill_tuner.evaluation import objective_value, verdict_of
 from prefill_tuner.objectives.slo import parse_slos
-from prefill_tuner.plan import StudyPlan, screen_study_name
-from prefill_tuner.recommend import rank_key, references
-from prefill_tuner.report import summarize_stored
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study import (
+from prefill_tuner.study.evaluation import objective_value, verdict_of
+from prefill_tuner.study.plan import StudyPlan, screen_study_name
+from prefill_tuner.study.recommend import rank_key, references
+from prefill_tuner.study.run import (
     LIVE,
     StudyProgress,
     TrialObjective,
@@ -60,6 +59,7 @@ from prefill_tuner.study import (
     run_study,
     running,
 )
+from prefill_tuner.study.summary import summarize_stored
 
 SCREENING_ATTR = "screening"
 """User attribute of the real study's Optuna study holding its :class:`Screening` (JSON), so

@@ -18,11 +18,11 @@ from typing import Any, Literal
 import optuna
 from pydantic import BaseModel, ConfigDict, Field
 
-from prefill_tuner.recommend import RULE
-from prefill_tuner.replica_plan import ReplicaPlan, replica_details
-from prefill_tuner.report import StudySummary, predicted, summarize_stored
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.recommend import RULE
+from prefill_tuner.study.replica_plan import ReplicaPlan, replica_details
+from prefill_tuner.study.summary import StudySummary, predicted, summarize_stored
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -456,5 +456,5 @@ __all__ = [
 ]
 
 
-if __name__ == "__main__":  # python -m prefill_tuner.documents > docs/summary.schema.json
+if __name__ == "__main__":  # python -m prefill_tuner.output.documents > docs/summary.schema.json
     print(schema(), end="")

@@ -65,7 +65,7 @@ class StudyPlan:
     startup_trials: int = defaults.STARTUP_TRIALS
     """Trials TPE samples at random before it models the results (the baseline included)."""
     rule_trials: bool = defaults.RULE_TRIALS
-    """Latency studies: run the rule-derived settings of :mod:`prefill_tuner.first_trials`
+    """Latency studies: run the rule-derived settings of :mod:`prefill_tuner.study.first_trials`
     right after the baseline (on the study's first run; not in a screened study, whose
     screening candidates come first)."""
     capacity_tolerance: float = defaults.CAPACITY_TOLERANCE
@@ -75,7 +75,7 @@ class StudyPlan:
     :mod:`prefill_tuner.objectives.early_abort`)."""
     screen_trials: int = 0
     """Real-engine studies: simulated trials to screen after the baseline, whose Pareto-optimal
-    settings the real server runs first (:mod:`prefill_tuner.screening`); 0: off."""
+    settings the real server runs first (:mod:`prefill_tuner.study.screening`); 0: off."""
 
     def __post_init__(self) -> None:
         """An SLO naming a class that no request carries could never be judged: refused

@@ -25,11 +25,11 @@ from prefill_tuner.engines.sim.adapter import ReplicatedSimEngine
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.routing import ROUTERS
 from prefill_tuner.errors import TunerError
-from prefill_tuner.infeasibility import Floor, latency_floor
-from prefill_tuner.plan import StudyPlan
-from prefill_tuner.report import StudySummary, summarize_stored
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study import StudyProgress, open_study, run_study
+from prefill_tuner.study.infeasibility import Floor, latency_floor
+from prefill_tuner.study.plan import StudyPlan
+from prefill_tuner.study.run import StudyProgress, open_study, run_study
+from prefill_tuner.study.summary import StudySummary, summarize_stored
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class ReplicaPlan:
     """Replica count → its study's outcome, for every count searched."""
     fewest_possible: int
     """The fewest replicas whose latency floors are all within the SLOs: fewer cannot meet
-    them, whatever the settings (:func:`~prefill_tuner.infeasibility.latency_floor`)."""
+    them, whatever the settings (:func:`~prefill_tuner.study.infeasibility.latency_floor`)."""
     floors_below: list[Floor] = dataclasses.field(default_factory=list)
     """The floors over their limits with one replica fewer than that (none when it is 1)."""
 

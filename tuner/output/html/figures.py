@@ -19,10 +19,10 @@ import optuna
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from prefill_tuner.plan import RATE_MULTIPLIER
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.space import THRESHOLD_SUFFIX
 from prefill_tuner.storage.models import TrialRecord
+from prefill_tuner.study.plan import RATE_MULTIPLIER
 
 COLOURS = {
     "feasible": "#2a9d8f",

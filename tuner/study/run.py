@@ -26,14 +26,14 @@ import optuna
 
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
-from prefill_tuner.evaluation import capacity_search, objective_value, verdict_of
-from prefill_tuner.first_trials import rule_trials
 from prefill_tuner.objectives.scoring import Verdict
-from prefill_tuner.plan import StudyPlan
 from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.space import baseline_outside_note, effective_settings
 from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.evaluation import capacity_search, objective_value, verdict_of
+from prefill_tuner.study.first_trials import rule_trials
+from prefill_tuner.study.plan import StudyPlan
 
 PESSIMISTIC_SECONDS = 3600.0
 """Objective value for a failed trial when no trial has succeeded yet."""
@@ -330,7 +330,7 @@ def enqueue_baseline(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) 
 
 
 def enqueue_rule_trials(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) -> None:
-    """Queue the rule-derived first trials (:mod:`prefill_tuner.first_trials`) after the
+    """Queue the rule-derived first trials (:mod:`prefill_tuner.study.first_trials`) after the
     baseline, each marked with its rule; nothing when ``plan.rule_trials`` is off, or in a
     screened study (the simulator's Pareto-optimal candidates run after the baseline there)."""
     if not plan.rule_trials or plan.screen_trials:

@@ -28,7 +28,7 @@ Two answers, both from the simulator's step-time profile:
   short prompt with a long one: measured on a bursty trace, its median TTFT was 0.70 s where
   that server gave 1.91 s; the burst bound assumes no order.)
 - **The load at which the closest trial would meet them**: capacity mode
-  (:func:`~prefill_tuner.evaluation.capacity_search`) on its settings: the highest multiplier
+  (:func:`~prefill_tuner.study.evaluation.capacity_search`) on its settings: the highest multiplier
   of the trace's request rate at which every SLO holds.
 """
 
@@ -44,8 +44,8 @@ from prefill_tuner import defaults
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.cost_model import StepModel, StepShape
 from prefill_tuner.engines.sim.request import PrefixInterner
-from prefill_tuner.evaluation import capacity_search
 from prefill_tuner.objectives.slo import Slo, format_seconds
+from prefill_tuner.study.evaluation import capacity_search
 from prefill_tuner.trace.model import Trace
 
 

@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from prefill_tuner.plan import StudyPlan
 from prefill_tuner.search_spaces.space import KnobRange, effective_settings
+from prefill_tuner.study.plan import StudyPlan
 from prefill_tuner.trace.stats import trace_stats
 
 TOKENS, SEQS = "max_num_batched_tokens", "max_num_seqs"
