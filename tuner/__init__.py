@@ -6,12 +6,14 @@ The public API (everything else is internal and may change)::
     import prefill_tuner as pt
 
     with closing(pt.build_engine(pt.EngineOptions())) as engine:  # the simulator
-        plan = pt.build_plan(engine, trace_path=pt.SAMPLE_TRACE, slos=["p99_tpot=50ms"],
-                             shaping=pt.ShapeOptions(), storage_url="sqlite:///tune.db")
-        store = pt.TunerStore(plan.storage_url)
-        pt.run_study(plan, engine, store)
-    summary = pt.summarize_stored(store, plan.name)
+        plan = pt.build_plan(engine, pt.TraceSpec(pt.SAMPLE_TRACE), slos=["p99_tpot=50ms"],
+                             storage_url="sqlite:///tune.db", trials=12)
+        summary = pt.tune_study(plan, engine, pt.TunerStore(plan.storage_url))
     print(summary.recommended.serve_command)
+
+``tune_study`` is ``tune run``: it opens (or resumes) the study, holds its run lock, records
+what ``tune worker`` needs to join it, runs the trials and says why nothing met the SLOs if
+nothing did; ``TuningSession`` is the same in steps.
 
 The ``tune`` command line (:mod:`prefill_tuner.cli`) is a thin layer over these.
 """
@@ -29,6 +31,10 @@ _EXPORTS = {
     "TrialEngine": "prefill_tuner.engines.base",
     "EngineRun": "prefill_tuner.engines.base",
     "StudyPlan": "prefill_tuner.study.plan",
+    "TraceSpec": "prefill_tuner.study.plan",
+    "SpaceSpec": "prefill_tuner.study.plan",
+    "TuningSession": "prefill_tuner.study.session",
+    "tune_study": "prefill_tuner.study.session",
     "build_plan": "prefill_tuner.study.plan",
     "search_space_for": "prefill_tuner.study.plan",
     "open_study": "prefill_tuner.study.run",
@@ -69,14 +75,17 @@ __all__ = [
     "ShapeOptions",
     "SimConfig",
     "Slo",
+    "SpaceSpec",
     "StudyPlan",
     "StudyProgress",
     "StudySummary",
     "Trace",
+    "TraceSpec",
     "TrialEngine",
     "TrialResult",
     "TunerError",
     "TunerStore",
+    "TuningSession",
     "__version__",
     "build_engine",
     "build_plan",
@@ -95,6 +104,7 @@ __all__ = [
     "simulate",
     "simulate_replicas",
     "summarize_stored",
+    "tune_study",
     "verdict_of",
 ]
 
@@ -123,8 +133,15 @@ if TYPE_CHECKING:
     from prefill_tuner.storage.store import TunerStore
     from prefill_tuner.study.evaluation import capacity_search, verdict_of
     from prefill_tuner.study.infeasibility import latency_floor
-    from prefill_tuner.study.plan import StudyPlan, build_plan, search_space_for
+    from prefill_tuner.study.plan import (
+        SpaceSpec,
+        StudyPlan,
+        TraceSpec,
+        build_plan,
+        search_space_for,
+    )
     from prefill_tuner.study.replica_plan import ReplicaPlan, plan_replicas
     from prefill_tuner.study.run import StudyProgress, TrialResult, open_study, run_study
+    from prefill_tuner.study.session import TuningSession, tune_study
     from prefill_tuner.study.summary import StudySummary, export, summarize_stored
     from prefill_tuner.trace import ShapeOptions, Trace, load_trace

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from collections.abc import Callable
-from contextlib import ExitStack, closing
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated
 
@@ -40,21 +40,16 @@ from prefill_tuner.cli.options import (
     TrialsOpt,
     with_options,
 )
-from prefill_tuner.diagnosis.sources import trial_findings
-from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.factory import EngineOptions, build_engine
-from prefill_tuner.engines.sim.cost_model import StepModel, load_profile
+from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.files import check_output
 from prefill_tuner.output.documents import stored_summary_document
-from prefill_tuner.output.html import write_report
 from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore, inputs_of, redact_url
-from prefill_tuner.study.infeasibility import latency_floor, rate_headroom
 from prefill_tuner.study.plan import SpaceSpec, StudyPlan, build_plan
-from prefill_tuner.study.run import baseline_outside, open_study, run_study, running
-from prefill_tuner.study.screening import give_profile, run_screened_study, stand_in
-from prefill_tuner.study.summary import StudySummary, render_summary, summarize_stored
-from prefill_tuner.worker.definition import definition_of
+from prefill_tuner.study.run import baseline_outside
+from prefill_tuner.study.session import TuningSession
+from prefill_tuner.study.summary import StudySummary, render_summary
 
 
 @with_options(engine=ENGINE, trace=TRACE, space=SPACE)
@@ -135,10 +130,7 @@ def run_command(
     err = error_console()
     bundled = trace_file == defaults.SAMPLE_TRACE
     given_profile = load_profile(engine.profile) if engine.profile != defaults.PROFILE else None
-    with ExitStack() as held:
-        trial_engine = held.enter_context(
-            closing(build_engine(dataclasses.replace(engine, model=model)))
-        )
+    with closing(build_engine(dataclasses.replace(engine, model=model))) as trial_engine:
         plan = build_plan(
             trial_engine,
             trace.at(trace_file),
@@ -158,178 +150,104 @@ def run_command(
             screen_trials=screen,
             rule_trials=rule_trials,
         )
-        report_path = (
-            None if no_report or create_only else report or defaults.report_path(plan.name)
-        )
-        if report_path is not None:
+        report_path = None
+        if not (no_report or create_only):
+            report_path = report or defaults.report_path(plan.name)
             # Before any trial: a report that cannot be written, or would replace an input.
             check_output(report_path, [trace_file, *inputs_of(storage)])
         store = TunerStore(storage)  # a damaged storage fails before the first trial
         quiet_optuna()
-        opened = open_study(plan, store, trial_engine)  # a mismatched resume fails before any work
-        held.enter_context(running(opened[0], store, opened[1]))  # nor one another process runs
-        store.record_definition(opened[1], trials, definition_of(plan, sort=trace.sort))
-        if given_profile is not None and trial_engine.starts_servers:
-            give_profile(opened[0], given_profile)  # screening's, and the explanation's below
-        if bundled:
-            err.print(
-                f"no --trace given: tuning on the bundled sample ({defaults.SAMPLE_DESCRIPTION}"
-                "); give --trace FILE to tune on your own traffic",
-                soft_wrap=True,
-            )
-        print_study_header(
-            err,
-            plan,
-            "the bundled sample" if bundled else str(trace_file),
-            trial_engine,
-            baseline_outside(plan, trial_engine),
+        session = TuningSession(
+            plan, trial_engine, store, sorted_trace=trace.sort, given_profile=given_profile
         )
-        if create_only:
-            worker = ["tune", "worker", "--study", plan.name]
-            hidden = redact_url(storage) != storage
-            if not hidden:
-                worker += ["--storage", storage]
-            err.print(
-                escape(
-                    f"study {plan.name} recorded with a target of {trials} trials; run them with"
-                ),
-                soft_wrap=True,
-            )
-            if screen:
+        with session:  # a mismatched resume, or one another process runs, fails here
+            if bundled:
+                err.print(f"no --trace given: {SAMPLE_WORDS}", soft_wrap=True)
+            where = "the bundled sample" if bundled else str(trace_file)
+            outside = baseline_outside(plan, trial_engine)
+            print_study_header(err, plan, where, trial_engine, outside)
+            if create_only:
+                return _say_how_to_run(plan, storage, err)
+            # A line per trial when trials take minutes (a real engine); the bar otherwise.
+            verbose = trial_engine.starts_servers
+            with stop_signals(err), ProgressDisplay(err, plan, verbose=verbose) as display:
+                interrupted = session.run(display.progress, _sayer(err))
+            if interrupted:
                 err.print(
-                    f"the first worker after the baseline screens {screen} settings on the "
-                    "simulator; every worker then confirms its candidates first",
-                    soft_wrap=True,
+                    "interrupted: every finished trial is kept; run the same command to resume"
                 )
-            output_console().print(escape(shlex.join(worker)), soft_wrap=True)
-            if hidden:
-                err.print(
-                    "with TUNE_STORAGE set to the database URL (its password is not printed)",
-                    soft_wrap=True,
-                )
-            return
-        interrupted = False
-        # A line per trial when trials take minutes (a real engine); the bar alone otherwise.
-        with (
-            stop_signals(err),
-            ProgressDisplay(err, plan, verbose=trial_engine.starts_servers) as display,
-        ):
-            try:
-                if screen:
-                    run_screened_study(
-                        plan,
-                        trial_engine,
-                        store,
-                        opened,
-                        progress=display.progress,
-                        say=lambda text: err.print(escape(text), soft_wrap=True),
-                    )
-                else:
-                    run_study(plan, trial_engine, store, display.progress, opened)
-            except KeyboardInterrupt:
-                interrupted = True
-        if interrupted:
-            err.print("interrupted: every finished trial is kept; run the same command to resume")
-        summary = summarize_stored(store, plan.name)
-        if as_json:
-            print_document(stored_summary_document(store, plan.name))
-        else:
-            output_console().print(render_summary(summary), crop=False)
-        if not interrupted:
-            try:
-                with stop_signals(err):  # a stop now leaves no half-written report behind
-                    _why_infeasible(
-                        plan, trial_engine, summary, err, lambda: stand_in(store, opened[0])
-                    )
-                    _explain(summary, plan.name, storage, err)
-                    if report_path is not None and summary.finished:
-                        path = write_report(store, plan.name, report_path)
-                        err.print(f"report: {path}", markup=False)
-            except KeyboardInterrupt:
-                err.print(
-                    "interrupted after the study: every trial is kept; tune report writes the "
-                    "report",
-                    soft_wrap=True,
-                )
-                raise typer.Exit(exit_codes.INTERRUPTED) from None
-        if interrupted:
-            raise typer.Exit(exit_codes.INTERRUPTED)
-        if summary.recommended is None:
-            raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
+            summary = session.summary()
+            if as_json:
+                print_document(stored_summary_document(store, plan.name))
+            else:
+                output_console().print(render_summary(summary), crop=False)
+            if interrupted:
+                raise typer.Exit(exit_codes.INTERRUPTED)
+            _explain(session, summary, storage, report_path, err)
+    if summary.recommended is None:
+        raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
 
 
-def _why_infeasible(
-    plan: StudyPlan,
-    engine: TrialEngine,
+INTERRUPTED_WORDS = "interrupted: every finished trial is kept; run the same command to resume"
+SAMPLE_WORDS = (
+    f"tuning on the bundled sample ({defaults.SAMPLE_DESCRIPTION}); give --trace FILE to "
+    "tune on your own traffic"
+)
+
+
+def _sayer(err: Console) -> Callable[[str], None]:
+    return lambda text: err.print(escape(text), soft_wrap=True)
+
+
+def _explain(
+    session: TuningSession,
     summary: StudySummary,
+    storage: str,
+    report_path: Path | None,
     err: Console,
-    real_stand_in: Callable[[], TrialEngine | None],
 ) -> None:
-    """When nothing met the SLOs: whether any setting could at this load, and up to what load
-    the closest trial's settings do, on the simulator (for a real server, its stand-in: the
-    simulator with the study's profile on the server's config)."""
-    if summary.recommended is not None or plan.objective_mode != "latency":
-        return
-    simulated = engine.profile is not None
-    explainer = engine if simulated else real_stand_in()
-    profile = explainer.profile if explainer is not None else None
-    if explainer is None or profile is None:
+    """After the study: why nothing met the SLOs (if nothing did), the baseline's top finding
+    with the command that shows them all, and the report. A stop now leaves no half-written
+    report behind."""
+    try:
+        with stop_signals(err):
+            session.why_infeasible(summary, _sayer(err))
+            finding = session.baseline_finding(summary)
+            if finding is not None:
+                diagnose = ["tune", "diagnose", "--study", summary.study.name]
+                if storage != defaults.STORAGE and redact_url(storage) == storage:
+                    diagnose += ["--storage", storage]  # no password in it to show
+                command = shlex.join(diagnose)
+                err.print(escape(f"baseline: {finding} (all findings: {command})"), soft_wrap=True)
+            if report_path is not None and summary.finished:
+                err.print(f"report: {session.write_report(report_path)}", markup=False)
+    except KeyboardInterrupt:
         err.print(
-            "whether any setting could meet these SLOs on this server: calibrate the "
-            "simulator to it (tune calibrate) and give the profile with --profile",
+            "interrupted after the study: every trial is kept; tune report writes the report",
             soft_wrap=True,
         )
-        return
-    words = _profile_words(profile)
-    by = "" if simulated else f", by the simulator with profile {words}"
-    floors = latency_floor(plan.trace, profile, plan.slos)
-    unreachable = [floor for floor in floors if floor.unreachable]
-    if unreachable:
-        where = "on one engine" if simulated else "on this server"
-        err.print(escape(f"no scheduler setting can meet these SLOs {where}{by}:"), soft_wrap=True)
-        for floor in unreachable:
-            err.print(escape(f"  {floor.line()}"), soft_wrap=True)
-    closest = summary.closest_measured
-    if closest is not None:
-        runs = "the simulator"
-        if not simulated:
-            runs = "that simulator" if unreachable else f"the simulator with profile {words}"
+        raise typer.Exit(exit_codes.INTERRUPTED) from None
+
+
+def _say_how_to_run(plan: StudyPlan, storage: str, err: Console) -> None:
+    """A ``--create-only`` study: the worker command that runs its trials."""
+    worker = ["tune", "worker", "--study", plan.name]
+    hidden = redact_url(storage) != storage
+    if not hidden:
+        worker += ["--storage", storage]
+    err.print(
+        escape(f"study {plan.name} recorded with a target of {plan.trials} trials; run them with"),
+        soft_wrap=True,
+    )
+    if plan.screen_trials:
         err.print(
-            escape(
-                f"searching the highest request rate trial {closest.trial_number}'s settings "
-                f"meet the SLOs at (a few runs of the trace on {runs})..."
-            ),
+            f"the first worker after the baseline screens {plan.screen_trials} settings on the "
+            "simulator; every worker then confirms its candidates first",
             soft_wrap=True,
         )
-        headroom = rate_headroom(
-            explainer,
-            plan.trace,
-            closest.settings,
-            plan.slos,
-            trial_number=closest.trial_number,
-            error_budget=plan.error_budget,
-            tolerance=plan.capacity_tolerance,
+    output_console().print(escape(shlex.join(worker)), soft_wrap=True)
+    if hidden:
+        err.print(
+            "with TUNE_STORAGE set to the database URL (its password is not printed)",
+            soft_wrap=True,
         )
-        err.print(escape(headroom.line()), soft_wrap=True)
-
-
-def _profile_words(profile: StepModel) -> str:
-    """A profile's name and how far to trust it: estimated, or calibrated and how close."""
-    provenance = profile.provenance
-    error = (provenance.held_out_error or {}).get("median")
-    trust = provenance.kind + (f", held-out step-time error {error:.0%}" if error else "")
-    return f"{profile.name} ({trust})"
-
-
-def _explain(summary: StudySummary, study: str, storage: str, err: Console) -> None:
-    """The baseline's top finding, in one line, with the command that shows them all."""
-    if summary.baseline is None:
-        return
-    findings, _ = trial_findings(summary.study, summary.baseline)
-    if not findings:
-        return
-    diagnose = ["tune", "diagnose", "--study", study]
-    if storage != defaults.STORAGE and redact_url(storage) == storage:
-        diagnose += ["--storage", storage]  # no password in it to show
-    command = shlex.join(diagnose)
-    err.print(escape(f"baseline: {findings[0].line()} (all findings: {command})"), soft_wrap=True)
