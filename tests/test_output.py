@@ -9,8 +9,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from prefill_tuner.cli.tables import render_summary
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study.summary import render_summary, summarize_stored
+from prefill_tuner.study.summary import summarize_stored
 from tests.test_tuning_loop import run_args
 
 

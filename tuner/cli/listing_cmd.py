@@ -13,6 +13,7 @@ from rich.text import Text
 from prefill_tuner import defaults
 from prefill_tuner.cli.display import output_console, print_document, quiet_optuna
 from prefill_tuner.cli.options import JsonOpt, StorageOpt
+from prefill_tuner.cli.tables import narrow_table, objective_header
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.slo import format_seconds
 from prefill_tuner.output.documents import (
@@ -23,13 +24,7 @@ from prefill_tuner.output.documents import (
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.study.plan import check_study_name
-from prefill_tuner.study.summary import (
-    COLUMNS,
-    knob_cells,
-    knob_legend,
-    narrow_table,
-    objective_header,
-)
+from prefill_tuner.study.summary import COLUMNS, knob_cells, knob_legend
 
 
 def studies_command(storage: StorageOpt = defaults.STORAGE, as_json: JsonOpt = False) -> None:

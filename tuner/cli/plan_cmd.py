@@ -30,6 +30,7 @@ from prefill_tuner.cli.options import (
     TraceChoice,
     with_options,
 )
+from prefill_tuner.cli.tables import render_summary
 from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.engines.sim.routing import ROUTERS
@@ -53,7 +54,6 @@ from prefill_tuner.study.replica_plan import (
     replica_details,
 )
 from prefill_tuner.study.run import StudyProgress
-from prefill_tuner.study.summary import render_summary
 
 MAX_REPLICAS = 1024
 """The most replicas ``--max-replicas`` takes (each is simulated)."""

@@ -12,10 +12,11 @@ from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import error_console, output_console, print_document
 from prefill_tuner.cli.options import JsonOpt, StorageOpt, StudyOpt
 from prefill_tuner.cli.stored import open_stored
+from prefill_tuner.cli.tables import render_summary
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
 from prefill_tuner.output.documents import export_document, stored_summary_document
-from prefill_tuner.study.summary import export, render_summary, require_finished, summarize_stored
+from prefill_tuner.study.summary import export, require_finished, summarize_stored
 
 EXPORT_FORMATS = ("shell", "yaml", "json")
 

@@ -40,6 +40,7 @@ from prefill_tuner.cli.options import (
     TrialsOpt,
     with_options,
 )
+from prefill_tuner.cli.tables import render_summary
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.files import check_output
@@ -49,7 +50,7 @@ from prefill_tuner.storage.store import TunerStore, inputs_of, redact_url
 from prefill_tuner.study.plan import SpaceSpec, StudyPlan, build_plan
 from prefill_tuner.study.run import baseline_outside
 from prefill_tuner.study.session import TuningSession
-from prefill_tuner.study.summary import StudySummary, render_summary
+from prefill_tuner.study.summary import StudySummary
 
 
 @with_options(engine=ENGINE, trace=TRACE, space=SPACE)
