@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import math
 import os
@@ -9,6 +10,7 @@ import re
 import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,34 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(item) for item in value]
     return value
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One finished trial as :meth:`TunerStore.add_trial` records it: the columns of
+    :class:`~prefill_tuner.storage.models.TrialRecord` that the study gives (each documented
+    there), typed."""
+
+    trial_number: int
+    params: dict[str, Any]
+    settings: dict[str, Any]
+    repairs: list[str]
+    serve_command: str
+    resolved_config: dict[str, Any]
+    trace_sha256: str
+    shaping: dict[str, Any]
+    metrics: dict[str, Any] | None
+    objectives: dict[str, float]
+    constraints: dict[str, float]
+    slacks: dict[str, float]
+    feasible: bool
+    status: str
+    started_at: datetime
+    wall_s: float
+    is_baseline: bool = False
+    failure_reason: str | None = None
+    log_path: str | None = None
+    startup_s: float | None = None
 
 
 class TunerStore:
@@ -157,7 +187,10 @@ class TunerStore:
             finally:
                 _RUNS_HELD.discard((where, study.id))
 
-    def add_trial(self, study: StudyRecord, engine: str, version: str, **fields: Any) -> None:
+    def add_trial(self, study: StudyRecord, engine: str, version: str, row: TrialRow) -> None:
+        """Record a finished trial of ``study``, run on ``engine`` at ``version`` (the engine
+        version's row is made on first sight)."""
+        fields = {field.name: getattr(row, field.name) for field in dataclasses.fields(row)}
         with self.session() as session, session.begin():
             engine_version = session.scalar(
                 select(EngineVersion).where(

@@ -322,7 +322,7 @@ def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> Non
     known profile (their step logs and TTFTs written as real trials keep them)."""
     from datetime import datetime, timezone
 
-    from prefill_tuner.storage.store import TunerStore
+    from prefill_tuner.storage.store import TrialRow, TunerStore
     from prefill_tuner.trace import load_trace
     from prefill_tuner.trace.shaping import ShapeOptions
     from prefill_tuner.trace.synth import MixPart, RequestClass, synthesize
@@ -379,35 +379,37 @@ def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> Non
         metrics["details"] = {"server_steps": {"trace": str(steps_path)}}
         store.add_trial(
             record,
-            engine="vllm",
-            version="vllm 0.32.0",
-            trial_number=number,
-            params={},
-            settings={},
-            repairs=[],
-            serve_command="vllm serve tiny",
-            resolved_config={
-                "scheduler_config": {
-                    "max_num_batched_tokens": budget,
-                    "max_num_seqs": 64,
-                    "max_model_len": 2048,
-                    "enable_chunked_prefill": True,
-                    "long_prefill_token_threshold": 0,
-                    "async_scheduling": False,
+            "vllm",
+            "vllm 0.32.0",
+            TrialRow(
+                trial_number=number,
+                params={},
+                settings={},
+                repairs=[],
+                serve_command="vllm serve tiny",
+                resolved_config={
+                    "scheduler_config": {
+                        "max_num_batched_tokens": budget,
+                        "max_num_seqs": 64,
+                        "max_model_len": 2048,
+                        "enable_chunked_prefill": True,
+                        "long_prefill_token_threshold": 0,
+                        "async_scheduling": False,
+                    },
+                    "cache_config": {"block_size": 16, "enable_prefix_caching": True},
+                    "server_reported": {"cache_config": {"num_gpu_blocks": 32768}},
                 },
-                "cache_config": {"block_size": 16, "enable_prefix_caching": True},
-                "server_reported": {"cache_config": {"num_gpu_blocks": 32768}},
-            },
-            trace_sha256=trace.source.sha256,
-            shaping={},
-            metrics=metrics,
-            objectives={},
-            constraints={},
-            slacks={},
-            feasible=True,
-            status="complete",
-            started_at=datetime.now(timezone.utc),
-            wall_s=1.0,
+                trace_sha256=trace.source.sha256,
+                shaping={},
+                metrics=metrics,
+                objectives={},
+                constraints={},
+                slacks={},
+                feasible=True,
+                status="complete",
+                started_at=datetime.now(timezone.utc),
+                wall_s=1.0,
+            ),
         )
     output = tmp_path / "profile.yaml"
     code, out, err = tune(

@@ -20,7 +20,7 @@ from prefill_tuner.redaction import (
     secret_values,
 )
 from prefill_tuner.search_spaces.render import command_yaml, serve_command
-from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.storage.store import TrialRow, TunerStore
 
 
 def test_which_names_are_secrets() -> None:
@@ -103,26 +103,28 @@ def test_the_store_never_writes_a_secret(tmp_path: Path) -> None:
     )
     store.add_trial(
         study,
-        engine="vllm",
-        version="v",
-        trial_number=0,
-        is_baseline=True,
-        params={},
-        settings={},
-        repairs=[],
-        serve_command="vllm serve m --api-key sk-store-canary",
-        resolved_config={"serve_args": ["--hf-token", "hf-store-canary"]},
-        trace_sha256="0" * 64,
-        shaping={},
-        metrics=None,
-        objectives={},
-        constraints={},
-        slacks={},
-        feasible=False,
-        status="failed",
-        failure_reason="vLLM rejected the settings: --api-key sk-store-canary",
-        started_at=datetime.now(timezone.utc),
-        wall_s=1.0,
+        "vllm",
+        "v",
+        TrialRow(
+            trial_number=0,
+            is_baseline=True,
+            params={},
+            settings={},
+            repairs=[],
+            serve_command="vllm serve m --api-key sk-store-canary",
+            resolved_config={"serve_args": ["--hf-token", "hf-store-canary"]},
+            trace_sha256="0" * 64,
+            shaping={},
+            metrics=None,
+            objectives={},
+            constraints={},
+            slacks={},
+            feasible=False,
+            status="failed",
+            failure_reason="vLLM rejected the settings: --api-key sk-store-canary",
+            started_at=datetime.now(timezone.utc),
+            wall_s=1.0,
+        ),
     )
     store.engine.dispose()
     data = database.read_bytes()

@@ -30,7 +30,7 @@ from prefill_tuner.objectives.scoring import Verdict
 from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.space import baseline_outside_note, effective_settings
 from prefill_tuner.storage.models import StudyRecord
-from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.storage.store import TrialRow, TunerStore
 from prefill_tuner.study.evaluation import capacity_search, objective_value, verdict_of
 from prefill_tuner.study.first_trials import rule_trials
 from prefill_tuner.study.plan import StudyPlan
@@ -504,28 +504,30 @@ class TrialObjective:
         wall_s = time.perf_counter() - started
         self.store.add_trial(
             self.record,
-            engine=self.engine.name,
-            version=run.version,
-            trial_number=trial.number,
-            is_baseline=is_baseline,
-            params=dict(trial.params),
-            settings=settings,
-            repairs=repairs,
-            serve_command=command,
-            resolved_config=run.resolved_config,
-            trace_sha256=self.record.trace_sha256,
-            shaping=plan.shaping.model_dump(),
-            metrics=metrics,
-            objectives=dict(zip([o.name for o in plan.objectives], values, strict=True)),
-            constraints=verdict.constraints,
-            slacks=verdict.slacks,
-            feasible=verdict.feasible,
-            status="failed" if run.failure else "complete",
-            failure_reason=run.failure,
-            started_at=started_at,
-            wall_s=wall_s,
-            log_path=run.log_path,
-            startup_s=run.startup_s,
+            self.engine.name,
+            run.version,
+            TrialRow(
+                trial_number=trial.number,
+                is_baseline=is_baseline,
+                params=dict(trial.params),
+                settings=settings,
+                repairs=repairs,
+                serve_command=command,
+                resolved_config=run.resolved_config,
+                trace_sha256=self.record.trace_sha256,
+                shaping=plan.shaping.model_dump(),
+                metrics=metrics,
+                objectives=dict(zip([o.name for o in plan.objectives], values, strict=True)),
+                constraints=verdict.constraints,
+                slacks=verdict.slacks,
+                feasible=verdict.feasible,
+                status="failed" if run.failure else "complete",
+                failure_reason=run.failure,
+                started_at=started_at,
+                wall_s=wall_s,
+                log_path=run.log_path,
+                startup_s=run.startup_s,
+            ),
         )
         self.progress.on_trial(
             TrialResult(
