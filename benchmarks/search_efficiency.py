@@ -46,7 +46,7 @@ from optuna.distributions import BaseDistribution, FloatDistribution, IntDistrib
 import prefill_tuner.study.run
 from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.sim import load_profile
-from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.objectives.scoring import judge
 from prefill_tuner.objectives.slo import Slo, parse_slos

@@ -24,7 +24,7 @@ from typing import Any
 
 import optuna
 
-from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.entry import main
 from prefill_tuner.study import run as study
 from prefill_tuner.worker import loop

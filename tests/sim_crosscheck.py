@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import ConstantProfile
-from prefill_tuner.engines.sim.engine import StepRecord, simulate
+from prefill_tuner.engines.sim.loop import StepRecord, simulate
 from prefill_tuner.engines.vllm_python import run_vllm_script
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace.model import Trace

@@ -9,7 +9,7 @@ import optuna
 
 from prefill_tuner import defaults
 from prefill_tuner.engines.sim import load_profile
-from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.study.first_trials import decode_batch, rule_trials
 from prefill_tuner.study.plan import SpaceSpec, TraceSpec, build_plan
 from prefill_tuner.trace import ShapeOptions

@@ -8,7 +8,7 @@ import pytest
 
 from prefill_tuner.defaults import CAPACITY_TOLERANCE
 from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
-from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.objectives.slo import parse_slos
 from prefill_tuner.study.evaluation import verdict_of
 from prefill_tuner.study.infeasibility import latency_floor, rate_headroom, uncached_tokens

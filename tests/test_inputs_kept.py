@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
-from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.storage.store import RUN_LOCK_NAMESPACE, TunerStore
 from tests.conftest import AZURE
 from tests.test_tuning_loop import run_args

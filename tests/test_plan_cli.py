@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from prefill_tuner.engines.sim import load_profile
-from prefill_tuner.engines.sim.adapter import ReplicatedSimEngine
+from prefill_tuner.engines.sim.trial_engine import ReplicatedSimEngine
 from prefill_tuner.objectives.slo import parse_slos
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.evaluation import verdict_of

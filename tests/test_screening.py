@@ -13,8 +13,8 @@ from optuna.trial import TrialState
 
 from prefill_tuner import defaults
 from prefill_tuner.engines.sim import load_profile
-from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.nightly.plan import NightlyPlan
 from prefill_tuner.nightly.retune import retune
 from prefill_tuner.storage.store import TunerStore

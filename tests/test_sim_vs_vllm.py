@@ -17,7 +17,7 @@ import itertools
 import pytest
 
 from prefill_tuner.engines.sim import ConstantProfile, SimConfig, simulate
-from prefill_tuner.engines.sim.engine import StepRecord
+from prefill_tuner.engines.sim.loop import StepRecord
 from prefill_tuner.trace.model import Request, Trace
 from tests.conftest import vllm_python
 from tests.sim_crosscheck import (

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
-from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.early_abort import EarlyAbortRule, Snapshot
 from prefill_tuner.objectives.metrics import RequestRecord, summarize_run

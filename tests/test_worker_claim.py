@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 
 from prefill_tuner import defaults
 from prefill_tuner.engines.sim import load_profile
-from prefill_tuner.engines.sim.adapter import SimEngine
+from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
 from prefill_tuner.worker.definition import plan_from_record

@@ -31,7 +31,7 @@ from prefill_tuner.calibration.fit import KINDS, StepFit, fit_steps
 from prefill_tuner.calibration.reconstruct import Scheduling, rebuild_steps
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import FittedProfile, Provenance, StepShape
-from prefill_tuner.engines.sim.engine import simulate
+from prefill_tuner.engines.sim.loop import simulate
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
 from prefill_tuner.trace.model import Trace

@@ -31,9 +31,9 @@ from prefill_tuner.cli.options import (
     with_options,
 )
 from prefill_tuner.cli.tables import render_summary
-from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.engines.sim.cost_model import load_profile
 from prefill_tuner.engines.sim.routing import ROUTERS
+from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.scoring import ERRORS
 from prefill_tuner.output.documents import plan_document

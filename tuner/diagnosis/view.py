@@ -20,7 +20,7 @@ import numpy as np
 
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel
-from prefill_tuner.engines.sim.engine import StepRecord, simulate
+from prefill_tuner.engines.sim.loop import StepRecord, simulate
 from prefill_tuner.engines.timeline import Step, real_steps, sim_step
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import read_input, why_unreadable

@@ -60,7 +60,7 @@ def build_engine(options: EngineOptions) -> TrialEngine:
                 "(give its settings with --set, its hardware with --profile)"
             )
         from prefill_tuner.engines.sim import load_profile
-        from prefill_tuner.engines.sim.adapter import SimEngine
+        from prefill_tuner.engines.sim.trial_engine import SimEngine
 
         return SimEngine(load_profile(options.profile))
     if options.engine == "vllm":

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from prefill_tuner.engines.sim.engine import StepRecord
+from prefill_tuner.engines.sim.loop import StepRecord
 from prefill_tuner.objectives.metrics import RequestRecord
 from prefill_tuner.trace.model import Trace
 

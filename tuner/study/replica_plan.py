@@ -21,9 +21,9 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefill_tuner.engines.sim.adapter import ReplicatedSimEngine
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.routing import ROUTERS
+from prefill_tuner.engines.sim.trial_engine import ReplicatedSimEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.infeasibility import Floor, latency_floor

@@ -40,9 +40,9 @@ import optuna
 from prefill_tuner.calibration.calibrate import sim_config_of
 from prefill_tuner.calibration.sources import calibrate_from_study
 from prefill_tuner.engines.base import TrialEngine
-from prefill_tuner.engines.sim.adapter import SimEngine
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel, profile_from_record
+from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.slo import parse_slos
 from prefill_tuner.storage.models import StudyRecord, TrialRecord

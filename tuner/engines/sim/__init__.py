@@ -13,7 +13,7 @@ from prefill_tuner.engines.sim.cost_model import (
     StepModel,
     load_profile,
 )
-from prefill_tuner.engines.sim.engine import SimResult, StepRecord, simulate
+from prefill_tuner.engines.sim.loop import SimResult, StepRecord, simulate
 
 __all__ = [
     "ConstantProfile",

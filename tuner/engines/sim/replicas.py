@@ -1,6 +1,6 @@
 """Several replicas of the simulated engine behind a router.
 
-Each replica is the same simulated engine (:mod:`~prefill_tuner.engines.sim.engine`) with
+Each replica is the same simulated engine (:mod:`~prefill_tuner.engines.sim.loop`) with
 its own scheduler and KV cache. The router picks a replica for each request when it arrives,
 from each replica's state at that instant: every replica's loop runs up to the arrival and
 pauses there (it makes no decision that a later request could change), the router chooses,
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel
-from prefill_tuner.engines.sim.engine import (
+from prefill_tuner.engines.sim.loop import (
     NS,
     SimResult,
     _Loop,

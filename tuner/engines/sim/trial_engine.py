@@ -9,7 +9,7 @@ from pydantic import ConfigDict, ValidationError, create_model
 from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.sim.config import SimConfig, resolve_config
 from prefill_tuner.engines.sim.cost_model import StepModel
-from prefill_tuner.engines.sim.engine import SIMULATOR_VERSION, SimResult, simulate
+from prefill_tuner.engines.sim.loop import SIMULATOR_VERSION, SimResult, simulate
 from prefill_tuner.engines.sim.replicas import simulate_replicas
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
