@@ -14,10 +14,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from prefill_tuner.engines.real.cpu_recipe import write_tiny_model
 from prefill_tuner.engines.sim import load_profile
 from tests.conftest import vllm_python
 from tests.test_real_engine_study import KV_BYTES, SERVER_ARGS, processes_using
+
+pytestmark = pytest.mark.real_engine  # starts vLLM (CPU build): `-m 'not real_engine'` skips
 
 HELD_OUT_BOUND = 0.45
 STEP_COUNT_BOUND = 0.2

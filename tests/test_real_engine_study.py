@@ -20,6 +20,8 @@ from prefill_tuner.engines.sim.cost_model import FittedProfile, Provenance
 from prefill_tuner.storage.store import TunerStore
 from tests.conftest import vllm_python
 
+pytestmark = pytest.mark.real_engine  # starts vLLM (CPU build): `-m 'not real_engine'` skips
+
 SERVER_ARGS = "--load-format dummy --skip-tokenizer-init --enforce-eager --dtype float32"
 KV_BYTES = f"--kv-cache-memory-bytes {256 * 2**20}"
 

@@ -214,6 +214,7 @@ def _vllm_parse(*args: str) -> dict[str, object]:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.real_engine
 def test_exports_parse_with_vllms_own_serve_parser(tmp_path: Path) -> None:
     """The YAML and the flags mean to vLLM exactly what we meant (vLLM 0.32 ignores
     ``enable-chunked-prefill: false`` in a config file, so we must not write that)."""

@@ -28,6 +28,8 @@ from tests.sim_crosscheck import (
 )
 from tests.sim_scenarios import random_scenario
 
+pytestmark = pytest.mark.real_engine  # starts vLLM (CPU build): `-m 'not real_engine'` skips
+
 SCENARIOS = 300
 
 

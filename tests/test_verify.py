@@ -11,10 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from prefill_tuner.engines.real.cpu_recipe import write_tiny_model, write_tiny_weights
 from prefill_tuner.verify import PromptOutput, compare
 from tests.conftest import vllm_python
 from tests.test_real_engine_study import KV_BYTES, processes_using
+
+pytestmark = pytest.mark.real_engine  # starts vLLM (CPU build): `-m 'not real_engine'` skips
 
 SERVER_ARGS = "--load-format safetensors --skip-tokenizer-init --enforce-eager --dtype float32"
 

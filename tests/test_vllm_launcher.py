@@ -25,6 +25,8 @@ from prefill_tuner.engines.real.launcher import (
 from prefill_tuner.redaction import redact_env
 from tests.conftest import vllm_python
 
+pytestmark = pytest.mark.real_engine  # starts vLLM (CPU build): `-m 'not real_engine'` skips
+
 CPU_ARGS = [
     *CPU_SERVER_ARGS,
     "--kv-cache-memory-bytes",

@@ -98,6 +98,7 @@ def test_the_simulator_and_unreadable_versions_fall_back_to_the_other_rules() ->
     assert serve_args(SETTINGS, probed) == ["--max-num-seqs", "64"]
 
 
+@pytest.mark.real_engine
 def test_the_table_matches_the_installed_vllm() -> None:
     """The installed vLLM's own parser agrees with the version table (docs/vllm-facts.md):
     from 0.27.0 it has no partial-prefill flags; the newer scheduler flags the tool does not
