@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from prefill_tuner.engines.real.cpu_recipe import write_tiny_model, write_tiny_weights
-from prefill_tuner.verify import PromptOutput, compare
+from prefill_tuner.engines.real.verify import PromptOutput, compare
 from tests.conftest import vllm_python
 from tests.test_real_engine_study import KV_BYTES, processes_using
 

@@ -17,12 +17,12 @@ from prefill_tuner.cli.options import REAL_SERVER, JsonOpt, ModelOpt, StorageOpt
 from prefill_tuner.cli.stored import open_stored
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.real.engine import server_engine
+from prefill_tuner.engines.real.verify import IRREGULAR, load_reference, verify
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.space import parse_assignments, parse_value
 from prefill_tuner.study.summary import summarize_stored
-from prefill_tuner.verify import IRREGULAR, load_reference, verify
 
 
 @with_options(engine=REAL_SERVER)

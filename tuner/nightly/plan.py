@@ -31,7 +31,7 @@ class NightlyPlan:
     baseline (when the plan screens at all)."""
     verify: bool = False
     """Before promoting, check on the real engine that the challenger's chunking changes no
-    output (:mod:`prefill_tuner.verify`); a failed check never promotes."""
+    output (:mod:`prefill_tuner.engines.real.verify`); a failed check never promotes."""
 
     def __post_init__(self) -> None:
         """Where the report goes is checked before any trial runs: a night's trials must not

@@ -24,6 +24,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from prefill_tuner import exit_codes
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.real.engine import server_engine
+from prefill_tuner.engines.real.verify import IRREGULAR, verify
 from prefill_tuner.nightly.plan import NightlyPlan
 from prefill_tuner.nightly.promotion import Decision, Measurement, decide
 from prefill_tuner.nightly.report import write_outputs
@@ -45,7 +46,6 @@ from prefill_tuner.study.run import (
 from prefill_tuner.study.screening import give_profile, run_screened_study
 from prefill_tuner.study.summary import summarize_study
 from prefill_tuner.trace.stats import trace_stats
-from prefill_tuner.verify import IRREGULAR, verify
 
 EXIT_KEPT = exit_codes.OK
 EXIT_PROMOTED = exit_codes.PROMOTED
