@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 PROFILE = "llama-3.1-8b-h100"
 """The simulator's step-time profile (shipped with the package)."""
@@ -16,8 +17,8 @@ HANG_TIMEOUT_S = 120.0
 """A real trial fails when requests are in flight but no token arrives for this long."""
 TRIALS = 30
 """Trials of a study (or of one night)."""
-OBJECTIVE = "latency"
-SAMPLER = "tpe"
+OBJECTIVE: Literal["latency", "capacity"] = "latency"
+SAMPLER: Literal["tpe", "random"] = "tpe"
 STARTUP_TRIALS = 8
 """Trials TPE samples at random before it models the results (the baseline included)."""
 RULE_TRIALS = True

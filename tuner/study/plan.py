@@ -54,14 +54,14 @@ class StudyPlan:
     """The model named in serve lines."""
     trials: int = defaults.TRIALS
     """Total finished trials the study should have (a resumed study runs the rest)."""
-    objective_mode: Literal["latency", "capacity"] = defaults.OBJECTIVE  # type: ignore[assignment]
+    objective_mode: Literal["latency", "capacity"] = defaults.OBJECTIVE
     error_budget: float = 0.0
     """Share of requests allowed to fail without violating the SLOs."""
     timeout_s: float | None = None
     """Stop starting trials after this many seconds."""
     seed: int = 0
     """The sampler's seed (offset by the number of trials so far on each resume)."""
-    sampler: Literal["tpe", "random"] = defaults.SAMPLER  # type: ignore[assignment]
+    sampler: Literal["tpe", "random"] = defaults.SAMPLER
     startup_trials: int = defaults.STARTUP_TRIALS
     """Trials TPE samples at random before it models the results (the baseline included)."""
     rule_trials: bool = defaults.RULE_TRIALS

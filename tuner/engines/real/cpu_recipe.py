@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-TINY_LLAMA: dict[str, object] = {
+TINY_LLAMA: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "vocab_size": 4096,
@@ -57,9 +58,9 @@ def write_tiny_weights(folder: Path, seed: int = 0) -> Path:
     (uniform in ±0.001) make every next token about equally likely, so a bug would hide in
     the noise. Serve it with ``--load-format safetensors`` instead of ``dummy``."""
     rng = np.random.default_rng(seed)
-    hidden = int(TINY_LLAMA["hidden_size"])  # type: ignore[call-overload]
-    inner = int(TINY_LLAMA["intermediate_size"])  # type: ignore[call-overload]
-    vocab = int(TINY_LLAMA["vocab_size"])  # type: ignore[call-overload]
+    hidden = int(TINY_LLAMA["hidden_size"])
+    inner = int(TINY_LLAMA["intermediate_size"])
+    vocab = int(TINY_LLAMA["vocab_size"])
 
     def linear(rows: int, columns: int, scale: float | None = None) -> np.ndarray:
         std = scale if scale is not None else 1.0 / np.sqrt(columns)
@@ -71,7 +72,7 @@ def write_tiny_weights(folder: Path, seed: int = 0) -> Path:
         # Logits of a few units: the next token is far from uniform.
         "lm_head.weight": linear(vocab, hidden, 0.3),
     }
-    for layer in range(int(TINY_LLAMA["num_hidden_layers"])):  # type: ignore[call-overload]
+    for layer in range(int(TINY_LLAMA["num_hidden_layers"])):
         prefix = f"model.layers.{layer}."
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             tensors[f"{prefix}self_attn.{name}.weight"] = linear(hidden, hidden)
