@@ -50,10 +50,10 @@ from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.objectives.scoring import judge
 from prefill_tuner.objectives.slo import Slo, parse_slos
+from prefill_tuner.search_spaces.rules import effective_settings
 from prefill_tuner.search_spaces.space import (
     SearchSpace,
     build_space,
-    effective_settings,
 )
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.plan import StudyPlan

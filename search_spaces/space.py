@@ -2,7 +2,7 @@
 dropped and why; and the mapping between Optuna parameters and engine settings.
 
 Every point of the space is valid: the few rules vLLM enforces between knobs are applied as a
-repair after sampling (:func:`effective_settings`), so no trial is spent on a configuration
+repair after sampling (:func:`~prefill_tuner.search_spaces.rules.effective_settings`), so no trial is spent on a configuration
 vLLM would refuse, and Optuna's distributions stay static (dynamic ranges would drop the
 parameters from multivariate TPE's and GP's joint model).
 """
@@ -386,35 +386,3 @@ def load_space_file(path: str | Path) -> dict[str, str]:
             )
         result[str(name)] = str(value).lower() if isinstance(value, bool) else str(value)
     return result
-
-
-def effective_settings(
-    sampled: Mapping[str, Any], fixed: Mapping[str, Any], max_model_len: int
-) -> tuple[dict[str, Any], list[str]]:
-    """The settings a trial runs with, repaired to satisfy vLLM's rules between knobs.
-
-    vLLM requires ``max_num_batched_tokens ≥ max_num_seqs``, a budget of at least
-    ``max_model_len`` when chunked prefill is off, and ``long_prefill_token_threshold ≤
-    max_model_len``. Returns the settings and a note for every repair made.
-    """
-    settings = {**sampled, **fixed}
-    notes: list[str] = []
-    budget = settings.get("max_num_batched_tokens")
-    if (
-        settings.get("enable_chunked_prefill") is False
-        and budget is not None
-        and (budget < max_model_len)
-    ):
-        settings["max_num_batched_tokens"] = budget = max_model_len
-        notes.append(
-            f"chunked prefill off: max_num_batched_tokens raised to max_model_len {max_model_len}"
-        )
-    seqs = settings.get("max_num_seqs")
-    if budget is not None and seqs is not None and seqs > budget:
-        settings["max_num_seqs"] = budget
-        notes.append(f"max_num_seqs lowered to max_num_batched_tokens {budget}")
-    threshold = settings.get("long_prefill_token_threshold")
-    if threshold and threshold > max_model_len:
-        settings["long_prefill_token_threshold"] = max_model_len
-        notes.append(f"long_prefill_token_threshold lowered to max_model_len {max_model_len}")
-    return settings, notes

@@ -17,10 +17,10 @@ from prefill_tuner.engines.sim import SimConfig
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import serve_args, serve_command, serve_yaml
+from prefill_tuner.search_spaces.rules import effective_settings
 from prefill_tuner.search_spaces.space import (
     EngineCapabilities,
     build_space,
-    effective_settings,
     load_space_file,
     parse_assignments,
     parse_value,

@@ -24,7 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from prefill_tuner.search_spaces.space import KnobRange, effective_settings
+from prefill_tuner.search_spaces.rules import effective_settings
+from prefill_tuner.search_spaces.space import KnobRange
 from prefill_tuner.study.plan import StudyPlan
 from prefill_tuner.trace.stats import trace_stats
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from prefill_tuner import defaults
 from prefill_tuner.engines.base import TrialEngine
@@ -164,11 +164,20 @@ def build_plan(
     objective_mode: str = defaults.OBJECTIVE,
     sampler: str = defaults.SAMPLER,
     screen_trials: int = 0,
-    **options: Any,
+    storage_url: str = defaults.STORAGE,
+    model: str = defaults.MODEL,
+    trials: int = defaults.TRIALS,
+    error_budget: float = 0.0,
+    timeout_s: float | None = None,
+    seed: int = 0,
+    startup_trials: int = defaults.STARTUP_TRIALS,
+    rule_trials: bool = defaults.RULE_TRIALS,
+    capacity_tolerance: float = defaults.CAPACITY_TOLERANCE,
+    early_abort: bool = True,
 ) -> StudyPlan:
     """Everything a study needs, checked before any trial: the SLOs, the space for this engine,
-    and the trace shaped and clipped to the engine's context length. ``options``: the other
-    :class:`StudyPlan` fields (``storage_url``, ``trials``, ``seed``, ...).
+    and the trace shaped and clipped to the engine's context length. The keywords are the
+    :class:`StudyPlan` fields of the same names.
 
     ``name`` defaults to ``TRACE-OBJECTIVE`` (the trace file's stem)."""
     parsed_slos = parse_slos(slos)
@@ -199,5 +208,14 @@ def build_plan(
         objective_mode=objective_mode,  # type: ignore[arg-type]
         sampler=sampler,  # type: ignore[arg-type]
         screen_trials=screen_trials,
-        **options,
+        storage_url=storage_url,
+        model=model,
+        trials=trials,
+        error_budget=error_budget,
+        timeout_s=timeout_s,
+        seed=seed,
+        startup_trials=startup_trials,
+        rule_trials=rule_trials,
+        capacity_tolerance=capacity_tolerance,
+        early_abort=early_abort,
     )

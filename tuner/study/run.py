@@ -28,7 +28,8 @@ from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.scoring import Verdict
 from prefill_tuner.search_spaces.render import serve_command
-from prefill_tuner.search_spaces.space import baseline_outside_note, effective_settings
+from prefill_tuner.search_spaces.rules import effective_settings
+from prefill_tuner.search_spaces.space import baseline_outside_note
 from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TrialRow, TunerStore
 from prefill_tuner.study.evaluation import capacity_search, objective_value, verdict_of

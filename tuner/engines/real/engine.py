@@ -49,7 +49,8 @@ from prefill_tuner.objectives.metrics import summarize_run
 from prefill_tuner.redaction import redact, redact_args, remember, secret_values
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import flag_name, serve_args
-from prefill_tuner.search_spaces.space import EngineCapabilities, effective_settings
+from prefill_tuner.search_spaces.rules import effective_settings
+from prefill_tuner.search_spaces.space import EngineCapabilities
 from prefill_tuner.trace.model import Trace
 
 ITERATION_FLAG = "--enable-logging-iteration-details"

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.errors import TunerError
+from prefill_tuner.search_spaces.rules import first_broken
 
 MAX_GPU_BLOCKS = 2**24
 """The simulator keeps a few words per KV block: 16.7M blocks (about 1 GB) is more than any
@@ -55,23 +56,11 @@ class SimConfig(BaseModel):
 
     @model_validator(mode="after")
     def _mirror_vllm_validation(self) -> SimConfig:
-        """The checks vLLM's ``SchedulerConfig`` makes (``verify_max_model_len``)."""
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
-                f"max_num_seqs ({self.max_num_seqs})"
-            )
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"with chunked prefill off, max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) must be at least max_model_len "
-                f"({self.max_model_len})"
-            )
-        if self.long_prefill_token_threshold > self.max_model_len:
-            raise ValueError(
-                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) must not "
-                f"exceed max_model_len ({self.max_model_len})"
-            )
+        """The checks vLLM's ``SchedulerConfig`` makes (the rules between knobs, kept once in
+        :mod:`prefill_tuner.search_spaces.rules`), and vLLM's KV pool check."""
+        broken = first_broken(self.model_dump())
+        if broken:
+            raise ValueError(broken)
         # vLLM's check_enough_kv_cache_memory (vllm/v1/core/kv_cache_utils.py): the pool,
         # less the null block, must hold one request of max_model_len tokens, or the server
         # refuses to start.

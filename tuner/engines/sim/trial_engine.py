@@ -14,7 +14,8 @@ from prefill_tuner.engines.sim.replicas import simulate_replicas
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.search_spaces.knobs import KNOBS
-from prefill_tuner.search_spaces.space import EngineCapabilities, effective_settings
+from prefill_tuner.search_spaces.rules import effective_settings
+from prefill_tuner.search_spaces.space import EngineCapabilities
 from prefill_tuner.trace.model import Trace
 
 _SIM_FIELDS = create_model(
