@@ -103,31 +103,31 @@ def parse_slo(text: str) -> Slo:
         match = None  # spaces inside the class's brackets: not a class name
     if match is None:
         raise TunerError(
-            f"--slo {text!r}: expected STAT_METRIC=VALUEUNIT or STAT_METRIC[CLASS]=VALUEUNIT, "
+            f"`slos` {text!r}: expected STAT_METRIC=VALUEUNIT or STAT_METRIC[CLASS]=VALUEUNIT, "
             "e.g. p99_tpot=50ms, p95_ttft=2s or p99_ttft[interactive]=500ms"
         )
     stat, metric, unit = match["stat"].lower(), match["metric"].lower(), match["unit"].lower()
     traffic_class = match["cls"]
     if traffic_class is not None and not is_class_name(traffic_class):
-        raise TunerError(f"--slo {text!r}: a traffic class is {CLASS_NAME_RULE}")
+        raise TunerError(f"`slos` {text!r}: a traffic class is {CLASS_NAME_RULE}")
     if metric not in METRICS:
         raise TunerError(
-            f"--slo {text!r}: unknown metric {metric!r}; use one of {', '.join(METRICS)}"
+            f"`slos` {text!r}: unknown metric {metric!r}; use one of {', '.join(METRICS)}"
         )
     if stat not in STATISTICS:
         raise TunerError(
-            f"--slo {text!r}: unknown statistic {stat!r}; use one of {', '.join(STATISTICS)}"
+            f"`slos` {text!r}: unknown statistic {stat!r}; use one of {', '.join(STATISTICS)}"
         )
     if unit not in UNITS:
-        raise TunerError(f"--slo {text!r}: unknown unit {unit!r}; use us, ms or s")
+        raise TunerError(f"`slos` {text!r}: unknown unit {unit!r}; use us, ms or s")
     try:
         value = float(match["value"].lower())
     except ValueError:
-        raise TunerError(f"--slo {text!r}: the limit must be a positive number") from None
+        raise TunerError(f"`slos` {text!r}: the limit must be a positive number") from None
     if not math.isfinite(value):
-        raise TunerError(f"--slo {text!r}: the limit is not a finite number")
+        raise TunerError(f"`slos` {text!r}: the limit is not a finite number")
     if not value > 0:
-        raise TunerError(f"--slo {text!r}: the limit must be a positive number")
+        raise TunerError(f"`slos` {text!r}: the limit must be a positive number")
     return Slo(
         metric=metric, statistic=stat, limit_s=value * UNITS[unit], traffic_class=traffic_class
     )
@@ -140,7 +140,7 @@ def parse_slos(texts: list[str]) -> tuple[Slo, ...]:
     names = [slo.name for slo in slos]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
-        raise TunerError(f"--slo: {', '.join(duplicates)} given more than once")
+        raise TunerError(f"`slos`: {', '.join(duplicates)} given more than once")
     return slos
 
 

@@ -1,10 +1,10 @@
 """The search space of one study: which knobs, over which ranges, what is fixed, what was
 dropped and why; and the mapping between Optuna parameters and engine settings.
 
-Every point of the space is valid: the few rules vLLM enforces between knobs are applied as a
-repair after sampling (:func:`~prefill_tuner.search_spaces.rules.effective_settings`), so no trial is spent on a configuration
-vLLM would refuse, and Optuna's distributions stay static (dynamic ranges would drop the
-parameters from multivariate TPE's and GP's joint model).
+Every point of the space is valid: the few rules vLLM enforces between knobs
+(:mod:`prefill_tuner.search_spaces.rules`) are applied as a repair after sampling, so no trial
+is spent on a configuration vLLM would refuse, and Optuna's distributions stay static
+(dynamic ranges would drop the parameters from multivariate TPE's and GP's joint model).
 """
 
 from __future__ import annotations
@@ -273,10 +273,10 @@ def build_space(
     fixed = dict(fixed or {})
     for name, value in fixed.items():
         if name in KNOBS and type(value) is int and value > MAX_ENGINE_INT:
-            raise TunerError(f"--set {name}={value}: at most {MAX_ENGINE_INT:,} (2**31 - 1)")
+            raise TunerError(f"`fixed` {name}={value}: at most {MAX_ENGINE_INT:,} (2**31 - 1)")
     unknown = [name for name in overrides if name not in KNOBS]
     if unknown:
-        raise TunerError(f"--space: unknown knob {unknown[0]!r}; knobs: {', '.join(KNOBS)}")
+        raise TunerError(f"`ranges`: unknown knob {unknown[0]!r}; knobs: {', '.join(KNOBS)}")
     ranges: dict[str, KnobRange] = {}
     dropped: list[Dropped] = []
     for name, knob in KNOBS.items():
@@ -304,31 +304,33 @@ def _range(knob: Knob, text: str | None) -> KnobRange:
     if knob.kind == "bool":
         choices = tuple(_parse_bool(part, knob.name) for part in spec.split(","))
         if not choices or len(set(choices)) != len(choices):
-            raise TunerError(f"--space {knob.name}={text}: expected true, false or true,false")
+            raise TunerError(f"`ranges` {knob.name}={text}: expected true, false or true,false")
         return KnobRange(knob, choices=choices)
     low_text, sep, high_text = spec.partition("..")
     try:
         low, high = int(low_text), int(high_text if sep else low_text)
     except ValueError:
         raise TunerError(
-            f"--space {knob.name}={text}: expected LOW..HIGH, e.g. 256..16384"
+            f"`ranges` {knob.name}={text}: expected LOW..HIGH, e.g. 256..16384"
         ) from None
     if high > MAX_ENGINE_INT:
         raise TunerError(
-            f"--space {knob.name}={text}: HIGH must be at most {MAX_ENGINE_INT:,} (2**31 - 1)"
+            f"`ranges` {knob.name}={text}: HIGH must be at most {MAX_ENGINE_INT:,} (2**31 - 1)"
         )
     if knob.kind == "threshold":
         allow_off = low == 0
         low = max(low, 1) if allow_off else low
         if not 1 <= low <= high:
             raise TunerError(
-                f"--space {knob.name}={text}: expected 0..HIGH or LOW..HIGH with 1 ≤ LOW ≤ HIGH"
+                f"`ranges` {knob.name}={text}: expected 0..HIGH or LOW..HIGH with 1 ≤ LOW ≤ HIGH"
             )
         if allow_off and high == 0:
-            raise TunerError(f"--space {knob.name}={text}: use --set {knob.name}=0 to fix it off")
+            raise TunerError(
+                f"`ranges` {knob.name}={text}: use `fixed` {knob.name}=0 to fix it off"
+            )
         return KnobRange(knob, max(low, 2), high, allow_off=allow_off)
     if not 1 <= low <= high:
-        raise TunerError(f"--space {knob.name}={text}: expected 1 ≤ LOW ≤ HIGH")
+        raise TunerError(f"`ranges` {knob.name}={text}: expected 1 ≤ LOW ≤ HIGH")
     return KnobRange(knob, low, high)
 
 

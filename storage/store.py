@@ -321,7 +321,7 @@ def check_storage_url(url: str, *, must_exist: bool = False) -> URL:
     parses, with a numeric port, of a kind of database it knows, whose driver is installed;
     for SQLite, a file whose folder exists (``must_exist``: the file itself). Anything else is
     a one-line :class:`TunerError` naming the URL with its password masked."""
-    shown = f"--storage {redact_url(url)}"
+    shown = f"`storage_url` {redact_url(url)}"
     try:
         parsed = make_url(url)
         parsed.port  # noqa: B018 (parsed on access: 'host:abc' fails here)
@@ -392,7 +392,7 @@ def _check_sqlite_path(parsed: URL, shown: str, must_exist: bool) -> None:
     if header.strip(b"\0") == b"":  # a zeroed first page, as a torn write leaves
         raise TunerError(
             f"the database {path} is damaged (its first page is zeroed): restore it from a "
-            "backup or use another --storage"
+            "backup or use another `storage_url`"
         )
     if header != SQLITE_HEADER:
         raise TunerError(
@@ -420,7 +420,7 @@ def _check_sqlite_file(engine: Engine) -> None:
         found = " ".join(" ".join(rows).replace("*** in database main ***", "").split())
         raise TunerError(
             f"the database {engine.url.database} is damaged ({found[:200]}): restore it from "
-            "a backup or use another --storage"
+            "a backup or use another `storage_url`"
         )
 
 

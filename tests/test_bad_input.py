@@ -110,7 +110,7 @@ def test_real_engine_asks_vllm_about_fixed_settings_once() -> None:
             raise VllmQueryError("max_num_seqs: Input should be greater than 0")
 
     engine.resolver = Refusing()
-    with pytest.raises(TunerError, match=r"--set max_num_seqs=0: vLLM refuses it: max_num_seqs"):
+    with pytest.raises(TunerError, match=r"`fixed` max_num_seqs=0: vLLM refuses it: max_num_seqs"):
         engine.validate_fixed({"max_num_seqs": 0})
     server = ("--dtype", "float32", "--max-num-batched-tokens", "2048", "--max-num-seqs", "0")
     assert calls == [("m", *server)]

@@ -140,7 +140,7 @@ def test_unsorted_arrivals_are_refused_or_sorted_on_request(tmp_path: Path) -> N
         '{"timestamp": 20, "input_length": 7, "output_length": 2}\n',
     )
     error = error_of(path)
-    assert error.line == 2 and "--sort" in error.message
+    assert error.line == 2 and "`sort`" in error.message  # the field (--sort on the CLI)
     trace = read_trace(path, sort=True)
     assert [r.id for r in trace.requests] == ["1", "0", "2"]
     assert [(a.action, a.count) for a in trace.adjustments] == [("reordered", 1)]
@@ -250,7 +250,7 @@ def test_file_level_errors(tmp_path: Path) -> None:
     error = error_of(write(tmp_path, "u.csv", b"TIMESTAMP,ContextTokens,GeneratedTokens\n\xff\n"))
     assert error.line == 2 and "UTF-8" in error.message
     error = error_of(write(tmp_path, "x.csv", "a,b\n1,2\n"))
-    assert "--format" in error.message
+    assert "`format`" in error.message  # the field (--format on the CLI)
     with pytest.raises(TraceError, match="unknown trace format"):
         read_trace(write(tmp_path, "y.jsonl", "{}\n"), format="parquet")
 

@@ -80,7 +80,7 @@ def test_bands_assign_classes_by_prompt_length_both_ends_inclusive(tmp_path: Pat
     shaped = load_trace(str(path), options=ShapeOptions(classes="short=..1024,long=8192.."))
     assert [r.traffic_class for r in shaped.requests] == ["short", None, None, "long", "long"]
     assert [str(note) for note in shaped.adjustments] == [
-        "unclassed 2 requests: prompt length in no band of --classes short=..1024,long=8192.."
+        "unclassed 2 requests: prompt length in no band of `classes` short=..1024,long=8192.."
     ]
     # Without bands, the file's own classes stay.
     assert {r.traffic_class for r in load_trace(str(path)).requests} == {"file"}

@@ -119,10 +119,10 @@ def calibrate_from_study(
     percentiles (stored trials keep no per-request token times)."""
     record = store.get_study(study)
     if record is None:
-        raise TunerError(f"--from-study {study}: no such study in {redact_url(store.url)}")
+        raise TunerError(f"`from_study` {study}: no such study in {redact_url(store.url)}")
     if record.engine != "vllm":
         raise TunerError(
-            f"--from-study {study}: its trials ran on the {record.engine} engine; calibration "
+            f"`from_study` {study}: its trials ran on the {record.engine} engine; calibration "
             "needs real vLLM trials (tune run --engine vllm)"
         )
     trace = _study_trace(record)
@@ -149,7 +149,7 @@ def calibrate_from_study(
         versions.add(trial.engine_version.version)
     if not observed:
         raise TunerError(
-            f"--from-study {study}: no completed real trial with its step trace on disk"
+            f"`from_study` {study}: no completed real trial with its step trace on disk"
             + (f" ({missing} trials' step traces are gone)" if missing else "")
         )
     if on_start is not None:
@@ -178,7 +178,7 @@ def _study_trace(record: StudyRecord) -> Trace:
     path = record.trace_path
     if not path or not Path(path).is_file():
         raise TunerError(
-            f"--from-study {record.name}: its trace {path or '(none recorded)'} is not on disk"
+            f"`from_study` {record.name}: its trace {path or '(none recorded)'} is not on disk"
         )
     definition = record.definition or {}
     trace = load_trace(
@@ -189,7 +189,7 @@ def _study_trace(record: StudyRecord) -> Trace:
     )
     if trace.source is not None and trace.source.sha256 != record.trace_sha256:
         raise TunerError(
-            f"--from-study {record.name}: {path} changed since the study ran (sha256 "
+            f"`from_study` {record.name}: {path} changed since the study ran (sha256 "
             f"{record.trace_sha256[:12]}… then, {trace.source.sha256[:12]}… now)"
         )
     return trace

@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from prefill_tuner import exit_codes
 from prefill_tuner.cli.calibrate_cmd import calibrate_command
 from prefill_tuner.cli.diagnose_cmd import diagnose_command
+from prefill_tuner.cli.fields import with_flags
 from prefill_tuner.cli.listing_cmd import studies_command, trials_command
 from prefill_tuner.cli.nightly_cmd import nightly_command
 from prefill_tuner.cli.options import finite_floats
@@ -100,7 +101,8 @@ def main() -> None:
             _fail("standard output was closed before everything was written", exit_codes.FAILURE)
         raise
     except TunerError as exc:
-        _fail(redact_text(str(exc)), exc.exit_code)  # may quote a command line: secrets hidden
+        # Fields named as flags; a quoted command line's secrets hidden.
+        _fail(redact_text(with_flags(str(exc))), exc.exit_code)
     except KeyboardInterrupt:  # outside a study's own handling (e.g. reading a large trace)
         _fail("interrupted", exit_codes.INTERRUPTED)
     except BrokenPipeError:

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
+from prefill_tuner.cli.fields import with_flags
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim import SimResult
 from prefill_tuner.objectives.scoring import Objective
@@ -89,7 +90,7 @@ def print_study_header(
     if baseline_outside:
         console.print(escape(f"  note: {baseline_outside_note(baseline_outside)}"), soft_wrap=True)
     for note in plan.trace.adjustments:
-        console.print(escape(f"  trace: {note}"), soft_wrap=True)
+        console.print(escape(with_flags(f"  trace: {note}")), soft_wrap=True)
 
 
 class ProgressDisplay:
@@ -243,7 +244,7 @@ class WorkerDisplay:
         self.interrupted = False
 
     def say(self, text: str) -> None:
-        self.console.print(escape(f"worker {self.worker}: {text}"), soft_wrap=True)
+        self.console.print(escape(with_flags(f"worker {self.worker}: {text}")), soft_wrap=True)
 
     def events(self) -> WorkerEvents:
         return WorkerEvents(
@@ -369,7 +370,7 @@ def render_sim_result(trace: Trace, result: SimResult, profile_note: str = "") -
     for reason, count in metrics.failure_reasons.items():
         table.add_row("failed", escape(f"{count:,}: {reason}"))
     for note in trace.adjustments:
-        table.add_row("note", escape(str(note)))
+        table.add_row("note", escape(with_flags(str(note))))
     table.add_row("wall time", f"{result.wall_s:.2f} s")
     return table
 
@@ -420,7 +421,7 @@ def render_stats(trace: Trace, stats: TraceStats) -> Table:
             "before (upper bound on the prefix-cache hit rate)",
         )
     for note in trace.adjustments:
-        table.add_row("note", escape(str(note)))
+        table.add_row("note", escape(with_flags(str(note))))
     return table
 
 

@@ -18,6 +18,7 @@ from prefill_tuner.cli.display import (
     print_study_header,
     quiet_optuna,
 )
+from prefill_tuner.cli.fields import with_flags
 from prefill_tuner.cli.options import (
     ENGINE,
     MAX_TRIALS,
@@ -152,7 +153,7 @@ def nightly_command(
         quiet_optuna()
 
         def say(text: str) -> None:
-            err.print(escape(f"nightly {study}: {text}"), soft_wrap=True)
+            err.print(escape(with_flags(f"nightly {study}: {text}")), soft_wrap=True)
 
         try:
             with (

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from prefill_tuner import defaults
+from prefill_tuner.cli.fields import flag_of
 from prefill_tuner.engines.factory import EngineOptions
 from prefill_tuner.engines.sim.config import SimConfig, resolve_config
 from prefill_tuner.engines.sim.cost_model import StepModel
@@ -522,19 +523,8 @@ class SimSettings:
     kv_cache_memory_bytes: int | None
 
     def config(self, profile: StepModel) -> SimConfig:
-        """The engine config these flags give over ``profile`` (:func:`resolve_config`). A KV
-        pool given in bytes that makes too few or too many KV blocks is blamed on
-        ``--kv-cache-memory-bytes``, the flag the user gave, not on the blocks it made."""
-        try:
-            return resolve_config(profile, self.settings, self.kv_cache_memory_bytes)
-        except TunerError as exc:
-            _, blocks, reason = str(exc).partition("--num-gpu-blocks: ")
-            if self.kv_cache_memory_bytes is None or not blocks:
-                raise
-            raise TunerError(
-                f"--kv-cache-memory-bytes {self.kv_cache_memory_bytes}: the KV blocks it makes "
-                f"(num_gpu_blocks): {reason}"
-            ) from None
+        """The engine config these flags give over ``profile`` (:func:`resolve_config`)."""
+        return resolve_config(profile, self.settings, self.kv_cache_memory_bytes)
 
 
 def _sim_flag(name: str, field: FieldInfo) -> inspect.Parameter:
@@ -684,23 +674,10 @@ def shape_options(
         first = exc.errors()[0]
         message = str(first["msg"]).removeprefix("Value error, ")
         # A check across fields has no location: name the field its message names.
+        fields = ShapeOptions.model_fields
         field = str(first["loc"][0]) if first["loc"] else ""
-        field = field or next((name for name in _FLAGS if name in message), "")
+        field = field or next((name for name in fields if name in message), "")
         message = message.removeprefix(f"{field} ")
-        for name, flag in _FLAGS.items():
-            message = message.replace(name, flag)
-        raise TunerError(f"{_FLAGS.get(field, field)}: {message}" if field else message) from None
-
-
-_FLAGS = {
-    "start_s": "--start",
-    "duration_s": "--duration",
-    "rate_scale": "--rate-scale",
-    "max_model_len": "--max-model-len",
-    "over_length": "--over-length",
-    "max_requests": "--max-requests",
-    "dequantize_s": "--dequantize",
-    "jitter_seed": "--jitter-seed",
-    "classes": "--classes",
-}
-"""The CLI flag of each :class:`ShapeOptions` field, for error messages."""
+        for name in fields:
+            message = message.replace(name, flag_of(name))
+        raise TunerError(f"{flag_of(field)}: {message}" if field else message) from None

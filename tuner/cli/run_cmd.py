@@ -22,6 +22,7 @@ from prefill_tuner.cli.display import (
     print_study_header,
     quiet_optuna,
 )
+from prefill_tuner.cli.fields import with_flags
 from prefill_tuner.cli.options import (
     ENGINE,
     SPACE,
@@ -197,7 +198,7 @@ SAMPLE_WORDS = (
 
 
 def _sayer(err: Console) -> Callable[[str], None]:
-    return lambda text: err.print(escape(text), soft_wrap=True)
+    return lambda text: err.print(escape(with_flags(text)), soft_wrap=True)
 
 
 def _explain(

@@ -45,19 +45,19 @@ def build_engine(options: EngineOptions) -> TrialEngine:
         real_only = [
             flag
             for flag, value in (
-                ("--server-arg", options.server_args),
-                ("--server-env", options.server_env),
-                ("--vllm-python", options.vllm_python),
-                ("--serve-cmd", options.serve_cmd),
-                ("--log-dir", options.log_dir),
-                ("--hang-timeout", options.hang_timeout_s),
+                ("`server_args`", options.server_args),
+                ("`server_env`", options.server_env),
+                ("`vllm_python`", options.vllm_python),
+                ("`serve_cmd`", options.serve_cmd),
+                ("`log_dir`", options.log_dir),
+                ("`hang_timeout_s`", options.hang_timeout_s),
             )
             if value not in (None, ())  # given: a default of these is None or ()
         ]
         if real_only:
             raise TunerError(
-                f"{real_only[0]}: only for --engine vllm; the simulator starts no server "
-                "(give its settings with --set, its hardware with --profile)"
+                f"{real_only[0]}: only for `engine` vllm; the simulator starts no server "
+                "(give its settings with `fixed`, its hardware with `profile`)"
             )
         from prefill_tuner.engines.sim import load_profile
         from prefill_tuner.engines.sim.trial_engine import SimEngine
@@ -71,8 +71,8 @@ def build_engine(options: EngineOptions) -> TrialEngine:
             python=options.vllm_python,
             serve_command=shlex.split(options.serve_cmd or ""),
             server_args=[arg for text in options.server_args for arg in shlex.split(text)],
-            env=parse_assignments(list(options.server_env), "--server-env"),
+            env=parse_assignments(list(options.server_env), "`server_env`"),
             log_dir=options.log_dir or defaults.LOG_DIR,
             hang_timeout_s=options.hang_timeout_s or defaults.HANG_TIMEOUT_S,
         )
-    raise TunerError(f"--engine: expected {' or '.join(ENGINES)}, got {options.engine!r}")
+    raise TunerError(f"`engine`: expected {' or '.join(ENGINES)}, got {options.engine!r}")

@@ -45,10 +45,10 @@ def check_report_folder(folder: Path) -> None:
     existing = next(path for path in (folder, *folder.parents) if os.path.lexists(path))
     if not existing.is_dir():
         raise TunerError(
-            f"--report-dir: {existing} is not a folder (the night's report goes in {folder})"
+            f"`report_dir`: {existing} is not a folder (the night's report goes in {folder})"
         )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise TunerError(f"--report-dir: cannot write in {existing} (the report goes in {folder})")
+        raise TunerError(f"`report_dir`: cannot write in {existing} (the report goes in {folder})")
     if existing == folder:
         for name in ("serve.sh", "serve.yaml"):
             check_output(folder / name)

@@ -121,7 +121,7 @@ class SpaceSpec:
     space_file: Path | None = None
 
 
-def check_study_name(name: str, option: str = "--study") -> str:
+def check_study_name(name: str, option: str = "`name`") -> str:
     """``name``, if it is a safe study name (:data:`STUDY_NAME`); a one-line error if not."""
     if not STUDY_NAME.fullmatch(name):
         raise TunerError(
@@ -148,9 +148,9 @@ def default_study_name(trace: Path, objective_mode: str) -> str:
 def search_space_for(engine: TrialEngine, spec: SpaceSpec) -> SearchSpace:
     """The search space for this engine; a setting it cannot take fails here, before any
     work."""
-    values = {k: parse_value(v) for k, v in parse_assignments(list(spec.fixed), "--set").items()}
+    values = {k: parse_value(v) for k, v in parse_assignments(list(spec.fixed), "`fixed`").items()}
     overrides = load_space_file(spec.space_file) if spec.space_file else {}
-    overrides.update(parse_assignments(list(spec.ranges), "--space"))
+    overrides.update(parse_assignments(list(spec.ranges), "`ranges`"))
     return build_space(engine.capabilities, overrides, engine.validate_fixed(values))
 
 
@@ -182,14 +182,16 @@ def build_plan(
     ``name`` defaults to ``TRACE-OBJECTIVE`` (the trace file's stem)."""
     parsed_slos = parse_slos(slos)
     if objective_mode not in OBJECTIVE_MODES:
-        raise TunerError(f"--objective: expected latency or capacity, got {objective_mode!r}")
+        raise TunerError(f"`objective_mode`: expected latency or capacity, got {objective_mode!r}")
     if sampler not in SAMPLERS:
-        raise TunerError(f"--sampler: expected tpe or random, got {sampler!r}")
+        raise TunerError(f"`sampler`: expected tpe or random, got {sampler!r}")
     if screen_trials:
         if not engine.starts_servers:
-            raise TunerError("--screen: only with --engine vllm (it screens for a real server)")
+            raise TunerError(
+                "`screen_trials`: only with `engine` vllm (it screens for a real server)"
+            )
         if objective_mode != "latency":
-            raise TunerError("--screen: only with --objective latency")
+            raise TunerError("`screen_trials`: only with `objective_mode` latency")
     search = search_space_for(engine, space)
     shaping = trace.shaping.model_copy(
         update={"max_model_len": engine.max_model_len(search.fixed), "over_length": "clip"}

@@ -152,7 +152,7 @@ def running(study: optuna.Study, store: TunerStore, record: StudyRecord) -> Iter
             raise TunerError(
                 f"study {record.name!r} is being run by another process"
                 f"{_holder_words(study.user_attrs.get(RUN_BY_ATTR))}: two runs would each run "
-                "its --trials; wait for that one to end, or stop it (its finished trials are "
+                "its `trials`; wait for that one to end, or stop it (its finished trials are "
                 "kept) and run this command again"
             )
         study.set_user_attr(
@@ -218,7 +218,7 @@ def open_study(
                     Change(
                         "engine",
                         f"the study's trials ran on {sorted(ran)[0]}, this command's is "
-                        f"{engine.version} (another --profile, replica count or router)",
+                        f"{engine.version} (another `profile`, replica count or router)",
                     )
                 )
         if changes:
@@ -226,7 +226,7 @@ def open_study(
             details = "; ".join(change.detail for change in changes)
             raise TunerError(
                 f"study {plan.name!r} exists with a different {what} ({details}): resume it "
-                "with the same options, or start another with --study NAME"
+                "with the same options, or start another with another `name`"
             )
     directions = study_directions(plan)
     try:
@@ -241,7 +241,7 @@ def open_study(
             f"cannot open the Optuna study {plan.name!r}: {str(exc).splitlines()[0]}"
         ) from None
     if list(study.directions) != directions:
-        raise TunerError(f"study {plan.name!r} has other objectives; use another --study NAME")
+        raise TunerError(f"study {plan.name!r} has other objectives; use another `name`")
     return study, record
 
 
@@ -266,17 +266,17 @@ def definition_changes(record: StudyRecord, plan: StudyPlan, engine: str) -> lis
     searched = "; ".join(line for line in record.space.get("searched", []) if "(fixed)" not in line)
     given = "; ".join(line for line in plan.space.describe() if "(fixed)" not in line)
     checks: list[tuple[str, str, Any, Any, str | None, str | None]] = [
-        ("trace", "--trace", record.trace_sha256, trace_sha,
+        ("trace", "`trace`", record.trace_sha256, trace_sha,
          f"sha256 {record.trace_sha256[:12]}…", f"sha256 {trace_sha[:12]}…"),
-        ("SLOs", "--slo", sorted(record.slos), sorted(str(s) for s in plan.slos), None, None),
-        ("objective", "--objective", record.objective_mode, plan.objective_mode, None, None),
-        ("engine", "--engine", record.engine, engine, None, None),
-        ("error budget", "--error-budget", record.error_budget, plan.error_budget, None, None),
-        ("fixed settings", "--set", record.space.get("fixed", {}), dict(plan.space.fixed), None,
+        ("SLOs", "`slos`", sorted(record.slos), sorted(str(s) for s in plan.slos), None, None),
+        ("objective", "`objective_mode`", record.objective_mode, plan.objective_mode, None, None),
+        ("engine", "`engine`", record.engine, engine, None, None),
+        ("error budget", "`error_budget`", record.error_budget, plan.error_budget, None, None),
+        ("fixed settings", "`fixed`", record.space.get("fixed", {}), dict(plan.space.fixed), None,
          None),
     ]  # fmt: skip
     if stored_ranges is not None:  # recorded since workers exist
-        checks.append(("search space", "--space", stored_ranges, given_ranges, searched, given))
+        checks.append(("search space", "`ranges`", stored_ranges, given_ranges, searched, given))
     stored_shaping, given_shaping = record.shaping, plan.shaping.model_dump()
     for option in sorted(set(stored_shaping) | set(given_shaping)):
         checks.append(

@@ -410,7 +410,9 @@ def run_screened_study(
     docs). Falls back to the study's sampler, saying why, when the simulator cannot be
     fitted (the baseline failed, or its step log could not be followed)."""
     if plan.objective_mode != "latency":
-        raise TunerError("--screen: only for latency studies (capacity bisects on the server)")
+        raise TunerError(
+            "`screen_trials`: only for latency studies (capacity bisects on the server)"
+        )
     progress = progress or StudyProgress()
     deadline = None if plan.timeout_s is None else time.monotonic() + plan.timeout_s
     study, record = opened

@@ -142,11 +142,11 @@ def find_study(store: TunerStore, name: str | None) -> str:
         ]
         if len(own) != 1:
             listing = ", ".join(names) if names else "none"
-            raise TunerError(f"--study: name the study (studies in {where}: {listing})")
+            raise TunerError(f"`name`: name the study (studies in {where}: {listing})")
         return own[0]
     if name not in names:
         raise TunerError(
-            f"--study {name}: no such study in {where} (studies: {', '.join(names) or 'none'})"
+            f"`name` {name}: no such study in {where} (studies: {', '.join(names) or 'none'})"
         )
     return name
 
@@ -173,7 +173,7 @@ def summarize_stored(store: TunerStore, name: str) -> StudySummary:
     """The summary of a study in ``store`` (it must exist: :func:`find_study`)."""
     record = store.get_study(name)
     if record is None:
-        raise TunerError(f"--study {name}: no such study in {redact_url(store.url)}")
+        raise TunerError(f"`name` {name}: no such study in {redact_url(store.url)}")
     study = optuna.load_study(study_name=name, storage=store.url)
     return summarize_study(study, record, store.trials(record))
 

@@ -2,7 +2,7 @@
 traffic (short interactive chats, long documents, streaming decodes).
 
 A request's class comes from the native format's ``class`` field, or from prompt-length bands
-(``--classes interactive=..1024,longdoc=8192..``: prompt tokens, both ends inclusive), which
+(```classes` interactive=..1024,longdoc=8192..``: prompt tokens, both ends inclusive), which
 override the file's classes. A request in no band has no class; class-less SLOs judge every
 request, an SLO naming a class only that class's requests (docs/metrics.md).
 """
@@ -52,23 +52,23 @@ def parse_classes(text: str) -> tuple[ClassBand, ...]:
         name, equals, span = (s.strip() for s in item.partition("="))
         if not equals or ".." not in span:
             raise TunerError(
-                f"--classes {item!r}: expected NAME=LO..HI, NAME=..HI or NAME=LO.. "
+                f"`classes` {item!r}: expected NAME=LO..HI, NAME=..HI or NAME=LO.. "
                 "(prompt tokens), e.g. interactive=..1024,longdoc=8192.."
             )
         if not is_class_name(name):
-            raise TunerError(f"--classes {item!r}: a class name is {CLASS_NAME_RULE}")
+            raise TunerError(f"`classes` {item!r}: a class name is {CLASS_NAME_RULE}")
         low_text, _, high_text = (s.strip() for s in span.partition(".."))
         low, high = _bound(low_text, item), _bound(high_text, item)
         if low is None and high is None:
-            raise TunerError(f"--classes {item!r}: give at least one end of the band")
+            raise TunerError(f"`classes` {item!r}: give at least one end of the band")
         if low is not None and high is not None and low > high:
-            raise TunerError(f"--classes {item!r}: the band's low end {low} is above {high}")
+            raise TunerError(f"`classes` {item!r}: the band's low end {low} is above {high}")
         if any(band.name == name for band in bands):
-            raise TunerError(f"--classes: class {name!r} given more than once")
+            raise TunerError(f"`classes`: class {name!r} given more than once")
         band = ClassBand(name, low, high)
         for other in bands:
             if _overlap(band, other):
-                raise TunerError(f"--classes: the bands {other} and {band} overlap")
+                raise TunerError(f"`classes`: the bands {other} and {band} overlap")
         bands.append(band)
     return tuple(bands)
 
@@ -82,7 +82,7 @@ def _bound(text: str, item: str) -> int | None:
     if text == "":
         return None
     if not _BOUND.fullmatch(text):
-        raise TunerError(f"--classes {item!r}: {text!r} is not a whole number of prompt tokens")
+        raise TunerError(f"`classes` {item!r}: {text!r} is not a whole number of prompt tokens")
     return int(text)
 
 
@@ -106,7 +106,7 @@ def assign_classes(trace: Trace, bands: tuple[ClassBand, ...]) -> Trace:
     bands_text = ",".join(str(band) for band in bands)
     return trace.with_requests(
         requests,
-        Adjustment("unclassed", f"prompt length in no band of --classes {bands_text}", unclassed),
+        Adjustment("unclassed", f"prompt length in no band of `classes` {bands_text}", unclassed),
     )
 
 
@@ -121,8 +121,8 @@ def check_slo_classes(class_names: set[str] | dict[str, int], wanted: list[str])
     listing the trace's classes otherwise (judging a class without requests would be vacuous)."""
     missing = [name for name in dict.fromkeys(wanted) if name not in class_names]
     if missing:
-        have = ", ".join(sorted(class_names)) or "none (give --classes, or a 'class' field)"
+        have = ", ".join(sorted(class_names)) or "none (give `classes`, or a 'class' field)"
         raise TunerError(
-            f"--slo: no request of the trace is of class {', '.join(map(repr, missing))}; "
+            f"`slos`: no request of the trace is of class {', '.join(map(repr, missing))}; "
             f"the trace's classes: {have}"
         )

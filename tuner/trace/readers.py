@@ -136,7 +136,7 @@ def detect_format_of_text(text: str, path: str | Path) -> str:
         return "burstgpt"
     raise TraceError(
         f"cannot tell the trace format from the first line {first[:80]!r}: expected a JSON "
-        "object (Mooncake/native JSONL) or an Azure or BurstGPT CSV header; pass --format",
+        "object (Mooncake/native JSONL) or an Azure or BurstGPT CSV header; pass `format`",
         path=path,
         line=1,
     )
@@ -452,7 +452,7 @@ def _to_requests(
             if not sort:
                 raise TraceError(
                     f"arrival goes back in time (before the previous request's, line "
-                    f"{previous.line}); arrivals must be sorted, or pass --sort",
+                    f"{previous.line}); arrivals must be sorted, or pass `sort`",
                     path=path,
                     line=row.line,
                 )

@@ -135,7 +135,7 @@ def scale_rate(trace: Trace, factor: float) -> Trace:
     last = max((r.arrival_s for r in trace.requests), default=0.0) / factor
     if not last <= MAX_ARRIVAL_S:
         raise TraceError(
-            f"--rate-scale {factor:g}: the last arrival would come at {last:.3g} s, later than "
+            f"`rate_scale` {factor:g}: the last arrival would come at {last:.3g} s, later than "
             f"a trace may hold ({MAX_ARRIVAL_S:.0e} s); give a larger factor",
             path=trace.source.path if trace.source else None,
         )

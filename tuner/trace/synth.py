@@ -141,13 +141,13 @@ def arrival_times(
     Poisson, < 1 smoother); ``uniform`` spaces arrivals exactly 1/rate apart, the first at 0.
     """
     if not 0 < rate < math.inf:
-        raise TunerError(f"--rate: must be a positive number of arrivals per second, got {rate}")
+        raise TunerError(f"`rate`: must be a positive number of arrivals per second, got {rate}")
     if duration_s is None and count is None:
         raise TunerError("give a duration or a request count")
     if duration_s is not None and not 0 <= duration_s <= MAX_SECONDS:
-        raise TunerError(f"--duration: must be at most {MAX_SECONDS:g} seconds, got {duration_s}")
+        raise TunerError(f"`duration`: must be at most {MAX_SECONDS:g} seconds, got {duration_s}")
     if arrivals == "gamma" and not 0 < cv < math.inf:
-        raise TunerError(f"--cv: must be a positive number, got {cv}")
+        raise TunerError(f"`cv`: must be a positive number, got {cv}")
     if duration_s is None:
         expected = float(count or 0)
     else:
@@ -155,9 +155,9 @@ def arrival_times(
     if expected > MAX_REQUESTS:
         raise TunerError(
             f"about {expected:,.0f} requests: a synthetic trace holds at most {MAX_REQUESTS:,} "
-            "(lower --rate, --duration or --count)"
+            "(lower `rate`, `duration` or `count`)"
         )
-    # Both limits: draw for the earlier one (a huge --count with a short --duration must not
+    # Both limits: draw for the earlier one (a huge `count` with a short `duration` must not
     # allocate the count's arrivals).
     by_time = None if duration_s is None else int(duration_s * rate * 1.5 + 20)
     wanted = min(n for n in (count, by_time) if n is not None)
@@ -187,7 +187,7 @@ def arrival_times(
     if times.size and times[-1] > MAX_SECONDS:
         raise TunerError(
             f"arrivals run past {MAX_SECONDS:g} seconds, later than a trace may hold "
-            "(raise --rate or lower --count)"
+            "(raise `rate` or lower `count`)"
         )
     return times
 

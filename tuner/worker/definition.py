@@ -87,7 +87,7 @@ def plan_from_record(
     if engine.name != record.engine:
         raise TunerError(
             f"study {name!r} runs on the {record.engine} engine; this worker has "
-            f"--engine {engine.name}"
+            f"`engine` {engine.name}"
         )
     space = _space(record, definition, engine)
     try:
@@ -98,7 +98,7 @@ def plan_from_record(
     if shaping.max_model_len is not None and shaping.max_model_len != max_model_len:
         raise TunerError(
             f"study {name!r} was shaped for max_model_len {shaping.max_model_len}; this worker's "
-            f"engine runs with {max_model_len} (use the study's --profile or server options)"
+            f"engine runs with {max_model_len} (use the study's `profile` or server options)"
         )
     path = trace_path or record.trace_path
     _check_trace(path, record)
@@ -159,7 +159,7 @@ def _check_trace(path: str, record: StudyRecord) -> None:
     except OSError as exc:
         raise TunerError(
             f"{path}: the trace of study {record.name!r} cannot be read on this machine "
-            f"({exc.strerror or exc}); copy it there, or give its path with --trace FILE"
+            f"({exc.strerror or exc}); copy it there, or give its path as `trace`"
         ) from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != record.trace_sha256:

@@ -139,7 +139,7 @@ class VllmEngine:
             flag = "--" + flag_name(name)
             if flag not in self.capabilities.accepted_flags:  # type: ignore[operator]
                 raise TunerError(
-                    f"--set {name}: vLLM {self.capabilities.version} has no {flag} flag"
+                    f"`fixed` {name}: vLLM {self.capabilities.version} has no {flag} flag"
                 )
         if not fixed:
             return fixed
@@ -153,7 +153,7 @@ class VllmEngine:
             self.resolver.resolve(self.model, args)
         except VllmQueryError as exc:
             given = " ".join(f"{name}={value}" for name, value in fixed.items())
-            raise TunerError(f"--set {given}: vLLM refuses it: {exc}") from None
+            raise TunerError(f"`fixed` {given}: vLLM refuses it: {exc}") from None
         return fixed
 
     def server_spec(self, args: Sequence[str], label: str) -> ServerSpec:
@@ -188,7 +188,7 @@ class VllmEngine:
                 return int(fixed["max_model_len"])
             except (TypeError, ValueError):
                 raise TunerError(
-                    f"--set max_model_len={fixed['max_model_len']}: expected an integer"
+                    f"`fixed` max_model_len={fixed['max_model_len']}: expected an integer"
                 ) from None
         return int(self.defaults.get("model_config", {}).get("max_model_len") or 2**20)
 
@@ -412,7 +412,7 @@ def new_log_path(log_dir: Path, label: str) -> Path:
         except FileExistsError:
             continue
         return path
-    raise TunerError(f"--log-dir {log_dir}: no free log name for {stem}")
+    raise TunerError(f"`log_dir` {log_dir}: no free log name for {stem}")
 
 
 def _api_key(args: Sequence[str], env: Mapping[str, str]) -> str | None:

@@ -87,17 +87,18 @@ def resolve_config(
 ) -> SimConfig:
     """The engine config vLLM would build: the user's settings over the profile's hardware
     defaults over vLLM's; ``kv_cache_memory_bytes`` sizes the KV pool as vLLM's flag of that
-    name does. A setting vLLM would refuse is a one-line :class:`TunerError` naming its flag."""
+    name does. A setting vLLM would refuse is a one-line :class:`TunerError` naming its field
+    (a pool that ``kv_cache_memory_bytes`` sized wrong names that)."""
     values = dict(profile.engine_defaults)
     values.update({key: value for key, value in settings.items() if value is not None})
     if kv_cache_memory_bytes is not None:
         if settings.get("num_gpu_blocks") is not None:
-            raise TunerError("give --num-gpu-blocks or --kv-cache-memory-bytes, not both")
+            raise TunerError("give `num_gpu_blocks` or `kv_cache_memory_bytes`, not both")
         per_token = getattr(profile, "kv_bytes_per_token", None)
         if not per_token:
             raise TunerError(
-                f"--kv-cache-memory-bytes needs a profile with kv_bytes_per_token (profile "
-                f"{profile.name!r} has none); give --num-gpu-blocks instead"
+                f"`kv_cache_memory_bytes` needs a profile with kv_bytes_per_token (profile "
+                f"{profile.name!r} has none); give `num_gpu_blocks` instead"
             )
         size = int(values.get("block_size", SimConfig.model_fields["block_size"].default))
         values["num_gpu_blocks"] = int(kv_cache_memory_bytes // (size * per_token))
@@ -105,6 +106,12 @@ def resolve_config(
         return SimConfig.model_validate(values)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = "--" + str(first["loc"][0]).replace("_", "-") + ": " if first["loc"] else ""
         message = str(first["msg"]).removeprefix("Value error, ")
+        if first["loc"] == ("num_gpu_blocks",) and kv_cache_memory_bytes is not None:
+            # blamed on the size the user gave, not on the blocks it made
+            raise TunerError(
+                f"`kv_cache_memory_bytes` {kv_cache_memory_bytes}: the KV blocks it makes "
+                f"(num_gpu_blocks): {message}"
+            ) from None
+        field = f"`{first['loc'][0]}`: " if first["loc"] else ""
         raise TunerError(f"invalid engine config: {field}{message}") from None

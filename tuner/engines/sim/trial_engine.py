@@ -49,7 +49,7 @@ class SimEngine:
         unknown = [name for name in fixed if name not in SimConfig.model_fields]
         if unknown:
             raise TunerError(
-                f"--set {unknown[0]}: not a setting of the simulated engine; settings: "
+                f"`fixed` {unknown[0]}: not a setting of the simulated engine; settings: "
                 f"{', '.join(SimConfig.model_fields)}"
             )
         return {**self.profile.engine_defaults, **fixed}
@@ -66,7 +66,7 @@ class SimEngine:
             first = exc.errors()[0]
             name = str(first["loc"][0])
             message = str(first["msg"]).removeprefix("Value error, ")
-            raise TunerError(f"--set {name}={fixed.get(name)}: {message}") from None
+            raise TunerError(f"`fixed` {name}={fixed.get(name)}: {message}") from None
         checked = {name: getattr(fields, name) for name in fixed}
         values = SimConfig.model_construct(**{**self.profile.engine_defaults, **checked})
         everything = values.model_dump(warnings=False)
