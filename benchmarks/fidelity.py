@@ -37,8 +37,8 @@ from scipy.stats import spearmanr
 from prefill_tuner import data as bundled
 from prefill_tuner.calibration.calibrate import scheduling_of
 from prefill_tuner.calibration.fit import KINDS, step_kind
+from prefill_tuner.calibration.observations import as_sent, calibrate_on_server
 from prefill_tuner.calibration.reconstruct import rebuild_steps
-from prefill_tuner.calibration.sources import as_sent, calibrate_on_server
 from prefill_tuner.engines.real.cpu_recipe import CPU_SERVER_ARGS, CPU_SERVER_ENV, write_tiny_model
 from prefill_tuner.engines.real.engine import SERVER_ENV, VllmEngine
 from prefill_tuner.engines.real.launcher import ServerSpec, VllmServer

@@ -4,6 +4,7 @@ command line imports the command line."""
 
 from __future__ import annotations
 
+import ast
 import functools
 
 import pytest
@@ -120,3 +121,24 @@ def test_the_library_imports_nothing_of_the_command_line() -> None:
         and not any(source == o or source.startswith(o + ".") for o in outside)
     ]
     assert not found, "\n".join(found)
+
+
+COMMAND_LINES = 60
+"""The most lines a command's body may have (its parameters and docstring aside): parsing and
+display, around one call of the library that does the work."""
+
+
+def test_every_command_is_thin() -> None:
+    long = []
+    for name, path in _modules().items():
+        if not name.startswith(f"{ROOT_PACKAGE}.cli."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_command"):
+                body = node.body
+                if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                    body = body[1:]  # the docstring
+                lines = (node.end_lineno or 0) - body[0].lineno + 1
+                if lines > COMMAND_LINES:
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert not long, "\n".join(long)

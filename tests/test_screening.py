@@ -15,7 +15,7 @@ from prefill_tuner import defaults
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.trial_engine import SimEngine
-from prefill_tuner.nightly.plan import NightlyPlan
+from prefill_tuner.nightly.job import NightlyJob
 from prefill_tuner.nightly.retune import retune
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study import screening
@@ -233,7 +233,7 @@ def test_a_screened_night_screens_its_generation(tmp_path: Path) -> None:
         storage_url=storage,
         trials=4,
     )
-    nightly = NightlyPlan(
+    nightly = NightlyJob(
         family="night",
         plan=dataclasses.replace(plan, screen_trials=SCREENED),
         report_dir=tmp_path / "reports",

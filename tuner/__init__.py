@@ -55,15 +55,15 @@ _EXPORTS = {
     "SimConfig": "prefill_tuner.engines.sim",
     "simulate": "prefill_tuner.engines.sim",
     "simulate_replicas": "prefill_tuner.engines.sim.replicas",
-    "ReplicaPlan": "prefill_tuner.study.replica_plan",
-    "plan_replicas": "prefill_tuner.study.replica_plan",
+    "ReplicaPlan": "prefill_tuner.study.replica_count",
+    "plan_replicas": "prefill_tuner.study.replica_count",
     "latency_floor": "prefill_tuner.study.infeasibility",
     "load_profile": "prefill_tuner.engines.sim",
     "TunerError": "prefill_tuner.errors",
     "SAMPLE_TRACE": "prefill_tuner.defaults",
     "Calibration": "prefill_tuner.calibration.calibrate",
-    "calibrate_on_server": "prefill_tuner.calibration.sources",
-    "calibrate_from_study": "prefill_tuner.calibration.sources",
+    "calibrate_on_server": "prefill_tuner.calibration.observations",
+    "calibrate_from_study": "prefill_tuner.calibration.observations",
 }
 
 __all__ = [
@@ -122,7 +122,7 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from prefill_tuner.calibration.calibrate import Calibration
-    from prefill_tuner.calibration.sources import calibrate_from_study, calibrate_on_server
+    from prefill_tuner.calibration.observations import calibrate_from_study, calibrate_on_server
     from prefill_tuner.defaults import SAMPLE_TRACE
     from prefill_tuner.engines.base import EngineRun, TrialEngine
     from prefill_tuner.engines.factory import EngineOptions, build_engine
@@ -140,7 +140,7 @@ if TYPE_CHECKING:
         build_plan,
         search_space_for,
     )
-    from prefill_tuner.study.replica_plan import ReplicaPlan, plan_replicas
+    from prefill_tuner.study.replica_count import ReplicaPlan, plan_replicas
     from prefill_tuner.study.run import StudyProgress, TrialResult, open_study, run_study
     from prefill_tuner.study.session import TuningSession, tune_study
     from prefill_tuner.study.summary import StudySummary, export, summarize_stored

@@ -106,7 +106,7 @@ def calibrate_command(
             raise TunerError("--from-study: give it alone; it starts no server (drop --engine)")
         if set_values:
             raise TunerError("--set: only with --engine vllm (--from-study starts no server)")
-        from prefill_tuner.calibration.sources import calibrate_from_study
+        from prefill_tuner.calibration.observations import calibrate_from_study
         from prefill_tuner.storage.store import TunerStore
 
         store = TunerStore(storage, create=False)
@@ -123,7 +123,7 @@ def calibrate_command(
                 "tune calibrate: give --engine vllm (start a server and replay a designed "
                 "workload) or --from-study NAME (reuse a study's real trials)"
             )
-        from prefill_tuner.calibration.sources import calibrate_on_server
+        from prefill_tuner.calibration.observations import calibrate_on_server
 
         fixed = _fixed_settings(set_values)
         trial_engine = build_engine(dataclasses.replace(engine, model=model))

@@ -25,7 +25,7 @@ from prefill_tuner.cli.options import (
 )
 from prefill_tuner.cli.stored import open_stored
 from prefill_tuner.diagnosis import Finding, RunView, diagnose, logged_view, simulated_view
-from prefill_tuner.diagnosis.sources import trial_view
+from prefill_tuner.diagnosis.runs import trial_view
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.errors import TunerError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Annotated
@@ -34,14 +35,12 @@ from prefill_tuner.cli.options import (
     TraceChoice,
     with_options,
 )
-from prefill_tuner.engines.factory import EngineOptions, build_engine
-from prefill_tuner.engines.sim.cost_model import load_profile
-from prefill_tuner.errors import TunerError
-from prefill_tuner.nightly.retune import NightlyPlan, retune
-from prefill_tuner.output.html import write_report
+from prefill_tuner.engines.factory import EngineOptions, build_engine, given_profile
+from prefill_tuner.nightly.job import NightlyJob
+from prefill_tuner.nightly.retune import NightlyOutcome, retune
 from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study.plan import SpaceSpec, build_plan, check_study_name
+from prefill_tuner.study.plan import SpaceSpec, build_plan
 from prefill_tuner.study.run import baseline_outside
 
 
@@ -114,9 +113,7 @@ def nightly_command(
     """Retune on tonight's trace and promote a new configuration only when it beats the
     incumbent beyond noise. Exit code 0: kept; 3: promoted (new serve lines); 4: nothing
     meets the SLOs; 2: bad input; 130: interrupted."""
-    check_study_name(study)
-    if verify and engine.engine != "vllm":
-        raise TunerError("--verify: only with --engine vllm (the simulator computes no outputs)")
+    err = error_console()
     with closing(build_engine(dataclasses.replace(engine, model=model))) as trial_engine:
         plan = build_plan(
             trial_engine,
@@ -131,7 +128,7 @@ def nightly_command(
             seed=seed,
             screen_trials=screen,
         )
-        nightly = NightlyPlan(
+        job = NightlyJob(
             family=study,
             plan=plan,
             report_dir=report_dir,
@@ -139,48 +136,38 @@ def nightly_command(
             min_gain=min_gain,
             deadline_s=deadline,
             verify=verify,
-            screen_profile=(
-                load_profile(engine.profile)
-                if screen and engine.profile != defaults.PROFILE
-                else None
-            ),
+            screen_profile=given_profile(engine) if screen else None,
+            html_report=not no_report,
         )
-        err = error_console()
         store = TunerStore(storage)  # a damaged storage fails before the first trial
-        print_study_header(
-            err, plan, str(trace_file), trial_engine, baseline_outside(plan, trial_engine)
-        )
+        outside = baseline_outside(plan, trial_engine)
+        print_study_header(err, plan, str(trace_file), trial_engine, outside)
         quiet_optuna()
-
-        def say(text: str) -> None:
-            err.print(escape(with_flags(f"nightly {study}: {text}")), soft_wrap=True)
-
+        say = _sayer(err, study)
         try:
-            with (
-                stop_signals(err),
-                ProgressDisplay(err, plan, verbose=trial_engine.starts_servers) as display,
-            ):
-                outcome = retune(nightly, trial_engine, store, display.progress, say)
+            verbose = trial_engine.starts_servers
+            with stop_signals(err), ProgressDisplay(err, plan, verbose=verbose) as display:
+                outcome = retune(job, trial_engine, store, display.progress, say)
         except KeyboardInterrupt:
             err.print(
                 "interrupted: finished trials are kept; run the same command to resume tonight's "
                 "generation"
             )
             raise typer.Exit(exit_codes.INTERRUPTED) from None
-        out = Console(highlight=False, soft_wrap=True)
-        out.print(
-            escape(
-                f"generation {outcome.generation} ({outcome.study_name}): "
-                f"{outcome.decision.action}: {outcome.decision.reason}"
-            )
-        )
-        if outcome.serve_command:
-            out.print(escape(outcome.serve_command))
-        out.print(escape(f"report: {outcome.report_path}"))
-        if not no_report:
-            with stop_signals(err):  # a stop leaves no half-written report behind
-                page = write_report(
-                    store, outcome.study_name, outcome.report_path.with_suffix(".html")
-                )
-            out.print(escape(f"report: {page}"))
-        raise typer.Exit(outcome.exit_code)
+    _print_outcome(outcome)
+    raise typer.Exit(outcome.exit_code)
+
+
+def _sayer(err: Console, study: str) -> Callable[[str], None]:
+    return lambda text: err.print(escape(with_flags(f"nightly {study}: {text}")), soft_wrap=True)
+
+
+def _print_outcome(outcome: NightlyOutcome) -> None:
+    out = Console(highlight=False, soft_wrap=True)
+    action = f"{outcome.decision.action}: {outcome.decision.reason}"
+    out.print(escape(f"generation {outcome.generation} ({outcome.study_name}): {action}"))
+    if outcome.serve_command:
+        out.print(escape(outcome.serve_command))
+    for path in (outcome.report_path, outcome.page_path):
+        if path is not None:
+            out.print(escape(f"report: {path}"))

@@ -46,7 +46,7 @@ from prefill_tuner.study.plan import (
     check_study_name,
     default_study_name,
 )
-from prefill_tuner.study.replica_plan import (
+from prefill_tuner.study.replica_count import (
     CountResult,
     ReplicaPlan,
     count_study_name,

@@ -42,8 +42,7 @@ from prefill_tuner.cli.options import (
     with_options,
 )
 from prefill_tuner.cli.tables import render_summary
-from prefill_tuner.engines.factory import EngineOptions, build_engine
-from prefill_tuner.engines.sim.cost_model import load_profile
+from prefill_tuner.engines.factory import EngineOptions, build_engine, given_profile
 from prefill_tuner.files import check_output
 from prefill_tuner.output.documents import stored_summary_document
 from prefill_tuner.stopping import stop_signals
@@ -131,7 +130,6 @@ def run_command(
     interrupted (the same command resumes)."""
     err = error_console()
     bundled = trace_file == defaults.SAMPLE_TRACE
-    given_profile = load_profile(engine.profile) if engine.profile != defaults.PROFILE else None
     with closing(build_engine(dataclasses.replace(engine, model=model))) as trial_engine:
         plan = build_plan(
             trial_engine,
@@ -160,7 +158,7 @@ def run_command(
         store = TunerStore(storage)  # a damaged storage fails before the first trial
         quiet_optuna()
         session = TuningSession(
-            plan, trial_engine, store, sorted_trace=trace.sort, given_profile=given_profile
+            plan, trial_engine, store, sorted_trace=trace.sort, given_profile=given_profile(engine)
         )
         with session:  # a mismatched resume, or one another process runs, fails here
             if bundled:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefill_tuner import defaults
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.space import parse_assignments
+
+if TYPE_CHECKING:
+    from prefill_tuner.engines.sim.cost_model import StepModel
 
 ENGINES = ("sim", "vllm")
 
@@ -37,6 +41,16 @@ class EngineOptions:
     hang_timeout_s: float | None = None
     """A real trial fails when requests are in flight but no token arrives for this long
     (``None``: ``defaults.HANG_TIMEOUT_S``)."""
+
+
+def given_profile(options: EngineOptions) -> StepModel | None:
+    """The simulator profile the user chose, ``None`` for the shipped default: a real-engine
+    study screens with it, and explains with it why nothing met the SLOs."""
+    if options.profile == defaults.PROFILE:
+        return None
+    from prefill_tuner.engines.sim.cost_model import load_profile
+
+    return load_profile(options.profile)
 
 
 def build_engine(options: EngineOptions) -> TrialEngine:

@@ -10,7 +10,7 @@ log, :func:`real_steps`): about 15 KB of JSON per trial (measured on real and si
 trials), bounded by the constants below whatever the trace's length. Real trials store it with
 their metrics (``details.timeline``); simulated ones are simulated again when a report needs
 them (the simulator is deterministic, and a study has hundreds of them:
-``prefill_tuner.diagnosis.sources.trial_view`` keeps the records and steps it is built from).
+``prefill_tuner.diagnosis.runs.trial_view`` keeps the records and steps it is built from).
 """
 
 from __future__ import annotations

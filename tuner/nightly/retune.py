@@ -25,10 +25,12 @@ from prefill_tuner import exit_codes
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.real.engine import server_engine
 from prefill_tuner.engines.real.verify import IRREGULAR, verify
-from prefill_tuner.nightly.plan import NightlyPlan
+from prefill_tuner.errors import TunerError
+from prefill_tuner.nightly.job import NightlyJob
+from prefill_tuner.nightly.outputs import write_outputs
 from prefill_tuner.nightly.promotion import Decision, Measurement, decide
-from prefill_tuner.nightly.report import write_outputs
 from prefill_tuner.objectives.scoring import statistic
+from prefill_tuner.output.html import write_report
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.space import knob_availability
@@ -66,7 +68,10 @@ class NightlyOutcome:
     deployed: dict[str, Any] | None
     serve_command: str | None
     report_path: Path
+    """The night's Markdown report."""
     engine_changed: bool
+    page_path: Path | None = None
+    """The generation's HTML report, when the job writes one."""
 
     @property
     def exit_code(self) -> int:
@@ -74,13 +79,15 @@ class NightlyOutcome:
 
 
 def retune(
-    nightly: NightlyPlan,
+    nightly: NightlyJob,
     engine: TrialEngine,
     store: TunerStore,
     progress: StudyProgress | None = None,
     say: Callable[[str], None] = lambda text: None,
 ) -> NightlyOutcome:
     """Run one night (see the module docstring)."""
+    if nightly.verify and not engine.starts_servers:
+        raise TunerError("`verify`: only with `engine` vllm (the simulator computes no outputs)")
     started, started_at = time.monotonic(), datetime.now(timezone.utc)
     previous = store.last_nightly(nightly.family)
     generation = tonights_generation(nightly, store, engine, previous, say)
@@ -166,6 +173,9 @@ def retune(
     report_path = write_outputs(nightly, night, previous, summary, engine.capabilities)
     night.report_path = str(report_path)
     store.add_nightly(night)
+    page = None
+    if nightly.html_report:  # written atomically: a stop leaves no half-written page
+        page = write_report(store, plan.name, report_path.with_suffix(".html"))
     return NightlyOutcome(
         generation=generation,
         study_name=plan.name,
@@ -174,6 +184,7 @@ def retune(
         serve_command=command,
         report_path=report_path,
         engine_changed=engine_changed,
+        page_path=page,
     )
 
 
@@ -204,7 +215,7 @@ def verified(
 
 
 def tonights_generation(
-    nightly: NightlyPlan,
+    nightly: NightlyJob,
     store: TunerStore,
     engine: TrialEngine,
     previous: NightlyRun | None,

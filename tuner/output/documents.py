@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.recommend import RULE
-from prefill_tuner.study.replica_plan import ReplicaPlan, replica_details
+from prefill_tuner.study.replica_count import ReplicaPlan, replica_details
 from prefill_tuner.study.summary import StudySummary, predicted, summarize_stored
 
 SCHEMA_VERSION: Literal[1] = 1

@@ -7,7 +7,7 @@
 - :mod:`.recommend`: which Pareto setting to recommend;
 - :mod:`.infeasibility`: why nothing met the SLOs (the floors, the rate headroom);
 - :mod:`.screening`: a real-engine study screened on the simulator;
-- :mod:`.replica_plan`: the fewest replicas behind a router;
+- :mod:`.replica_count`: the fewest replicas behind a router;
 - :mod:`.summary`: a stored study's result, as data (the CLI's tables and the output wing's
   documents and report are drawn from it).
 """

@@ -38,7 +38,7 @@ from typing import Any
 import optuna
 
 from prefill_tuner.calibration.calibrate import sim_config_of
-from prefill_tuner.calibration.sources import calibrate_from_study
+from prefill_tuner.calibration.observations import calibrate_from_study
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel, profile_from_record

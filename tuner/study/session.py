@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 
-from prefill_tuner.diagnosis.sources import trial_findings
+from prefill_tuner.diagnosis.runs import trial_findings
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.output.html import write_report

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from prefill_tuner.diagnosis import Finding, diagnose
-from prefill_tuner.diagnosis.sources import trial_view
+from prefill_tuner.diagnosis.runs import trial_view
 from prefill_tuner.engines.timeline import build_timeline
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text

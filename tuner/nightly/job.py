@@ -1,4 +1,4 @@
-"""What ``tune nightly`` was asked to do (shared by the night's run and its report)."""
+"""What ``tune nightly`` is asked to do: the night's job (shared by its run and its outputs)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from prefill_tuner.study.plan import StudyPlan
 
 
 @dataclass(frozen=True)
-class NightlyPlan:
+class NightlyJob:
     """What ``tune nightly`` was asked to do."""
 
     family: str
@@ -32,6 +32,9 @@ class NightlyPlan:
     verify: bool = False
     """Before promoting, check on the real engine that the challenger's chunking changes no
     output (:mod:`prefill_tuner.engines.real.verify`); a failed check never promotes."""
+    html_report: bool = True
+    """Besides the Markdown report and the serve lines, write the generation's HTML report
+    beside them (:mod:`prefill_tuner.output.html`)."""
 
     def __post_init__(self) -> None:
         """Where the report goes is checked before any trial runs: a night's trials must not

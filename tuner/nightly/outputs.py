@@ -12,7 +12,7 @@ from typing import Any
 
 from prefill_tuner.files import atomic_text
 from prefill_tuner.nightly import promotion
-from prefill_tuner.nightly.plan import NightlyPlan
+from prefill_tuner.nightly.job import NightlyJob
 from prefill_tuner.objectives.slo import format_seconds
 from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.search_spaces.space import EngineCapabilities
@@ -30,7 +30,7 @@ TRACE_ROWS = (
 
 
 def write_outputs(
-    nightly: NightlyPlan,
+    nightly: NightlyJob,
     night: NightlyRun,
     previous: NightlyRun | None,
     summary: StudySummary,
@@ -56,7 +56,7 @@ def write_outputs(
 
 
 def render(
-    nightly: NightlyPlan, night: NightlyRun, previous: NightlyRun | None, summary: StudySummary
+    nightly: NightlyJob, night: NightlyRun, previous: NightlyRun | None, summary: StudySummary
 ) -> str:
     lines = [
         f"# Nightly retune of {nightly.family}: generation {night.generation}, "
