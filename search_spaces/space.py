@@ -343,33 +343,6 @@ def _parse_bool(text: str, name: str) -> bool:
     raise TunerError(f"{name}: expected true or false, got {text!r}")
 
 
-def parse_assignments(items: list[str], option: str) -> dict[str, str]:
-    """``["a=1", "b=2..3"]`` → ``{"a": "1", "b": "2..3"}``, with one-line errors."""
-    result: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        name = name.strip().replace("-", "_")
-        if not sep or not name or not value.strip():
-            raise TunerError(f"{option} {item!r}: expected NAME=VALUE")
-        if name in result:
-            raise TunerError(f"{option}: {name} given twice")
-        result[name] = value.strip()
-    return result
-
-
-def parse_value(text: str) -> Any:
-    """A ``--set`` value: a boolean, an integer, a number, or the text itself."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "false", "on", "off", "yes", "no"):
-        return lowered in ("true", "on", "yes")
-    for kind in (int, float):
-        try:
-            return kind(lowered)
-        except ValueError:
-            continue
-    return text.strip()
-
-
 def load_space_file(path: str | Path) -> dict[str, str]:
     """A YAML file of ``knob: LOW..HIGH`` (or ``[LOW, HIGH]``, booleans as a list)."""
     try:

@@ -53,21 +53,21 @@ def test_a_tighter_tpot_limit_means_a_smaller_batch_and_the_ranges_clip() -> Non
     loose = decode_batch(plan_for(("p99_tpot=200ms",)))
     tight = decode_batch(plan_for(("p99_tpot=10ms",)))
     assert loose is not None and tight is not None and loose > tight
-    narrow = plan_for(space=SpaceSpec(ranges=("max_num_batched_tokens=1024..2048",)))
+    narrow = plan_for(space=SpaceSpec(ranges={"max_num_batched_tokens": "1024..2048"}))
     budgets = [trial.settings["max_num_batched_tokens"] for trial in rules(narrow)]
     assert budgets and all(1024 <= budget <= 2048 for budget in budgets)
 
 
 def test_no_rules_without_a_tpot_slo_a_searched_budget_or_in_capacity_mode() -> None:
     assert rules(plan_for(("p99_ttft=1s",))) == []
-    assert rules(plan_for(space=SpaceSpec(fixed=("max_num_batched_tokens=2048",)))) == []
+    assert rules(plan_for(space=SpaceSpec(fixed={"max_num_batched_tokens": 2048}))) == []
     assert rules(plan_for(("p99_tpot=20ms",), objective_mode="capacity")) == []
 
 
 def test_rules_repeating_the_defaults_or_each_other_are_left_out() -> None:
     # With chunked prefill off, every budget is raised to max_model_len: one trial is left,
     # and it is not the defaults (whose chunked prefill is on).
-    plan = plan_for(space=SpaceSpec(fixed=("enable_chunked_prefill=false",)))
+    plan = plan_for(space=SpaceSpec(fixed={"enable_chunked_prefill": False}))
     kept = rules(plan)
     assert len(kept) < 3
     settings = [trial.settings for trial in kept]

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prefill_tuner.cli.assignments import parse_assignments, parse_value
 from prefill_tuner.engines.real.resolver import VLLM_ARGS
 from prefill_tuner.engines.sim import SimConfig
 from prefill_tuner.errors import TunerError
@@ -22,8 +23,6 @@ from prefill_tuner.search_spaces.space import (
     EngineCapabilities,
     build_space,
     load_space_file,
-    parse_assignments,
-    parse_value,
 )
 from tests.conftest import vllm_python
 

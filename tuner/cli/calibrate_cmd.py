@@ -13,6 +13,7 @@ import yaml
 
 from prefill_tuner import defaults
 from prefill_tuner.calibration.calibrate import Calibration
+from prefill_tuner.cli.assignments import parse_assignments, parse_value
 from prefill_tuner.cli.display import error_console, json_safe, output_console
 from prefill_tuner.cli.options import (
     REAL_SERVER,
@@ -24,7 +25,6 @@ from prefill_tuner.cli.options import (
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
-from prefill_tuner.search_spaces.space import parse_assignments, parse_value
 from prefill_tuner.storage.store import inputs_of
 from prefill_tuner.study.plan import check_study_name
 

@@ -119,10 +119,8 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def help_of(cls: type, field: str, *, prefix: str = "") -> str:
-    """The help of the option that sets ``cls``'s ``field``: the field's docstring, its
-    ``field`` references written as flags and its other literals plain."""
-    text = " ".join(field_docs(cls)[field].split())
-    text = _LITERAL.sub(
-        lambda m: FLAGS.get(m.group(1), m.group(1)) if m.group(1) in FLAGS else m.group(1), text
-    )
+    """The help of the option that sets ``cls``'s ``field``: the first paragraph of the
+    field's docstring, its ````field```` references written as flags."""
+    first = field_docs(cls)[field].split("\n\n")[0]
+    text = _LITERAL.sub(lambda m: FLAGS.get(m.group(1), m.group(1)), " ".join(first.split()))
     return prefix + text

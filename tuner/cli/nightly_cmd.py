@@ -19,7 +19,7 @@ from prefill_tuner.cli.display import (
     print_study_header,
     quiet_optuna,
 )
-from prefill_tuner.cli.fields import with_flags
+from prefill_tuner.cli.fields import help_of, with_flags
 from prefill_tuner.cli.options import (
     ENGINE,
     MAX_TRIALS,
@@ -44,13 +44,15 @@ from prefill_tuner.study.plan import SpaceSpec, build_plan
 from prefill_tuner.study.run import baseline_outside
 
 
+def _job(field: str) -> str:
+    return help_of(NightlyJob, field)
+
+
 @with_options(engine=ENGINE, trace=TRACE, space=SPACE)
 def nightly_command(
     study: Annotated[
         str,
-        typer.Option(
-            "--study", help="Study family: each night is a new generation, study NAME-gN."
-        ),
+        typer.Option("--study", help=_job("family")),
     ],
     trace_file: Annotated[Path, typer.Option("--trace", help="Tonight's trace file.")],
     slo: SloOpt,
@@ -63,8 +65,7 @@ def nightly_command(
         typer.Option(
             "--deadline",
             min=1,
-            help="Seconds the whole night may take (measurements included); the search "
-            "stops starting trials in time to re-measure its challenger.",
+            help=_job("deadline_s"),
         ),
     ] = None,
     repeats: Annotated[
@@ -72,8 +73,7 @@ def nightly_command(
         typer.Option(
             "--repeats",
             min=1,
-            help="Runs of the incumbent and of the challenger on tonight's trace, to tell a "
-            "real gain from noise (1 on the deterministic simulator).",
+            help=_job("repeats"),
         ),
     ] = defaults.REPEATS,
     min_gain: Annotated[
@@ -81,15 +81,14 @@ def nightly_command(
         typer.Option(
             "--min-gain",
             min=0,
-            help="Least median gain in headroom (share of the tightest SLO limit) worth a "
-            "promotion.",
+            help=_job("min_gain"),
         ),
     ] = defaults.MIN_GAIN,
     report_dir: Annotated[
         Path,
         typer.Option(
             "--report-dir",
-            help="Where the dated report and the serve lines (DIR/STUDY/serve.sh, serve.yaml) go.",
+            help=_job("report_dir"),
         ),
     ] = defaults.REPORT_DIR,
     model: ModelOpt = defaults.MODEL,
@@ -101,8 +100,7 @@ def nightly_command(
         bool,
         typer.Option(
             "--verify",
-            help="--engine vllm: before promoting, check that the challenger's chunking "
-            "changes no output (tune verify); a failed check keeps the incumbent, exit 5.",
+            help=_job("verify"),
         ),
     ] = False,
     *,

@@ -23,19 +23,24 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from prefill_tuner import defaults
-from prefill_tuner.cli.fields import flag_of
+from prefill_tuner.cli.assignments import parse_assignments, parse_value
+from prefill_tuner.cli.fields import flag_of, help_of
 from prefill_tuner.engines.factory import EngineOptions
 from prefill_tuner.engines.sim.config import SimConfig, resolve_config
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.space import MAX_ENGINE_INT
 from prefill_tuner.storage.store import check_storage_url
-from prefill_tuner.study.plan import SpaceSpec, TraceSpec
+from prefill_tuner.study.plan import SpaceSpec, StudyPlan, TraceSpec
 from prefill_tuner.trace import ShapeOptions
 
 ENGINE_PANEL = "Engine"
 TRACE_PANEL = "Trace shaping"
 SPACE_PANEL = "Search space"
+
+
+def _study(field: str) -> str:
+    return help_of(StudyPlan, field)
 
 
 # Options that stand alone ------------------------------------------------------------------
@@ -51,16 +56,13 @@ StorageOpt = Annotated[
         "--storage",
         envvar="TUNE_STORAGE",
         callback=_storage_url,
-        help="Study database URL (SQLite file or PostgreSQL); from $TUNE_STORAGE when not "
-        "given, which keeps a password out of command lines and process lists.",
+        help=_study("storage_url").removesuffix(".")
+        + "; from $TUNE_STORAGE when not given, which keeps a password out of command lines and "
+        "process lists.",
     ),
 ]
-StudyOpt = Annotated[
-    str | None, typer.Option("--study", help="Study name (default: TRACE-OBJECTIVE).")
-]
-SloOpt = Annotated[
-    list[str], typer.Option("--slo", help="SLO like p99_tpot=50ms or p95_ttft=2s (repeatable).")
-]
+StudyOpt = Annotated[str | None, typer.Option("--study", help=_study("name"))]
+SloOpt = Annotated[list[str], typer.Option("--slo", help=_study("slos"))]
 
 
 def _model_name(name: str) -> str:
@@ -75,33 +77,29 @@ def _model_name(name: str) -> str:
     return name
 
 
-ModelOpt = Annotated[
-    str, typer.Option("--model", callback=_model_name, help="Model named in serve lines.")
-]
+ModelOpt = Annotated[str, typer.Option("--model", callback=_model_name, help=_study("model"))]
 SampledTraceOpt = Annotated[
     Path,
     typer.Option(
         "--trace",
-        help="Trace file to replay (JSONL, Azure or BurstGPT CSV).",
+        help=help_of(TraceSpec, "path"),
         show_default="a bundled sample of Mooncake's conversation trace",
     ),
 ]
 """A trace to tune on, the bundled sample (``defaults.SAMPLE_TRACE``) when none is given."""
 MAX_SEED = 2**32 - 1
 """Seeds go to numpy and Optuna, which take 0..2**32-1."""
-SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help="Sampler seed.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help=_study("seed"))]
 MAX_TRIALS = 1_000_000
 """The most trials a study may ask for (more would never finish; 10**20 overflowed SQLite)."""
-TrialsOpt = Annotated[
-    int, typer.Option("--trials", min=1, max=MAX_TRIALS, help="Trials of the study.")
-]
+TrialsOpt = Annotated[int, typer.Option("--trials", min=1, max=MAX_TRIALS, help=_study("trials"))]
 ErrorBudgetOpt = Annotated[
     float,
     typer.Option(
         "--error-budget",
         min=0,
         max=1,
-        help="Share of requests allowed to fail without violating the SLOs.",
+        help=_study("error_budget"),
     ),
 ]
 NoReportOpt = Annotated[
@@ -117,9 +115,7 @@ ScreenOpt = Annotated[
     typer.Option(
         "--screen",
         min=0,
-        help="--engine vllm: after the baseline, fit the simulator to its step log (or use "
-        "--profile), simulate this many trials, and run their Pareto-optimal settings on the "
-        "server first (0: off). Workers of the study share the screening.",
+        help=_study("screen_trials"),
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -174,18 +170,28 @@ def _engine_options(
         vllm_python=vllm_python,
         serve_cmd=serve_cmd,
         server_args=tuple(server_arg or ()),
-        server_env=tuple(server_env or ()),
+        server_env=parse_assignments(server_env or [], "--server-env"),
         log_dir=log_dir,
         hang_timeout_s=hang_timeout,
     )
 
 
-REAL = "--engine vllm: "
+def _engine_help(field: str, real: bool = False) -> str:
+    """An engine option's help: its :class:`EngineOptions` field's; a real server's own
+    options say so first."""
+    text = help_of(EngineOptions, field)
+    if not real:
+        return text
+    if text[1:2].islower():  # a sentence's capital, not a name's (KEY=VALUE)
+        text = text[0].lower() + text[1:]
+    return f"--engine vllm: {text}"
+
+
 ENGINE = OptionGroup(
     params=(
         _param(
             "engine",
-            Annotated[str, _option("--engine", "sim (simulator) or vllm.", ENGINE_PANEL)],
+            Annotated[str, _option("--engine", _engine_help("engine"), ENGINE_PANEL)],
             "sim",
         ),
         _param(
@@ -194,8 +200,7 @@ ENGINE = OptionGroup(
                 str,
                 _option(
                     "--profile",
-                    "Simulator step-time profile (name or file); with --engine vllm, the one "
-                    "that screens (--screen) and explains a study nothing met.",
+                    _engine_help("profile"),
                     ENGINE_PANEL,
                 ),
             ],
@@ -205,9 +210,7 @@ ENGINE = OptionGroup(
             "vllm_python",
             Annotated[
                 str | None,
-                _option(
-                    "--vllm-python", REAL + "the Python that has vLLM (its own venv).", ENGINE_PANEL
-                ),
+                _option("--vllm-python", _engine_help("vllm_python", real=True), ENGINE_PANEL),
             ],
             None,
         ),
@@ -217,8 +220,7 @@ ENGINE = OptionGroup(
                 str | None,
                 _option(
                     "--serve-cmd",
-                    REAL + "the command the model name follows (default: 'vllm serve' if that "
-                    "works, else 'PYTHON -m vllm.entrypoints.openai.api_server --model').",
+                    _engine_help("serve_cmd", real=True),
                     ENGINE_PANEL,
                 ),
             ],
@@ -230,8 +232,7 @@ ENGINE = OptionGroup(
                 list[str] | None,
                 _option(
                     "--server-arg",
-                    REAL + "extra server arguments, e.g. '--kv-cache-memory-bytes 268435456' "
-                    "(repeatable).",
+                    _engine_help("server_args", real=True),
                     ENGINE_PANEL,
                 ),
             ],
@@ -243,7 +244,7 @@ ENGINE = OptionGroup(
                 list[str] | None,
                 _option(
                     "--server-env",
-                    REAL + "KEY=VALUE for the server's environment (repeatable).",
+                    _engine_help("server_env", real=True),
                     ENGINE_PANEL,
                 ),
             ],
@@ -255,7 +256,7 @@ ENGINE = OptionGroup(
                 Path | None,
                 _option(
                     "--log-dir",
-                    REAL + "where each trial's server log goes.",
+                    _engine_help("log_dir", real=True),
                     ENGINE_PANEL,
                     show_default=str(defaults.LOG_DIR),
                 ),
@@ -268,8 +269,7 @@ ENGINE = OptionGroup(
                 float | None,
                 _option(
                     "--hang-timeout",
-                    REAL + "a trial fails when requests are in flight but no token arrives for "
-                    "this many seconds (the server hung).",
+                    _engine_help("hang_timeout_s", real=True),
                     ENGINE_PANEL,
                     min=1,
                     show_default=f"{defaults.HANG_TIMEOUT_S:g}",
@@ -293,6 +293,11 @@ REAL_SERVER = OptionGroup(
 )
 """The real engine's options alone (``tune calibrate`` starts a server, never a simulator)."""
 
+
+def _shaping(field: str) -> str:
+    return help_of(ShapeOptions, field)
+
+
 _TRACE_READING = (
     _param(
         "format",
@@ -300,8 +305,7 @@ _TRACE_READING = (
             str | None,
             _option(
                 "--format",
-                "jsonl (= mooncake, native), azure or burstgpt (default: detected from the "
-                "content).",
+                help_of(TraceSpec, "format"),
                 TRACE_PANEL,
             ),
         ],
@@ -311,33 +315,25 @@ _TRACE_READING = (
         "sort",
         Annotated[
             bool,
-            _option(
-                "--sort", "Sort out-of-order arrivals instead of refusing the file.", TRACE_PANEL
-            ),
+            _option("--sort", help_of(TraceSpec, "sort"), TRACE_PANEL),
         ],
         False,
     ),
     _param(
         "start",
-        Annotated[
-            float, _option("--start", "Window start, seconds from trace start.", TRACE_PANEL, min=0)
-        ],
+        Annotated[float, _option("--start", _shaping("start_s"), TRACE_PANEL, min=0)],
         0.0,
     ),
     _param(
         "duration",
-        Annotated[
-            float | None, _option("--duration", "Window length in seconds.", TRACE_PANEL, min=0)
-        ],
+        Annotated[float | None, _option("--duration", _shaping("duration_s"), TRACE_PANEL, min=0)],
         None,
     ),
     _param(
         "rate_scale",
         Annotated[
             float,
-            _option(
-                "--rate-scale", "Multiply the arrival rate (0.1 = 10× slower).", TRACE_PANEL, min=0
-            ),
+            _option("--rate-scale", _shaping("rate_scale"), TRACE_PANEL, min=0),
         ],
         1.0,
     ),
@@ -345,7 +341,7 @@ _TRACE_READING = (
         "max_requests",
         Annotated[
             int | None,
-            _option("--max-requests", "Keep only the first N requests.", TRACE_PANEL, min=1),
+            _option("--max-requests", _shaping("max_requests"), TRACE_PANEL, min=1),
         ],
         None,
     ),
@@ -355,8 +351,7 @@ _TRACE_READING = (
             str | None,
             _option(
                 "--dequantize",
-                "Spread coarse timestamps with uniform jitter over a quantum: seconds, or 'auto' "
-                "(median gap between timestamps).",
+                _shaping("dequantize_s"),
                 TRACE_PANEL,
             ),
         ],
@@ -366,7 +361,7 @@ _TRACE_READING = (
         "jitter_seed",
         Annotated[
             int,
-            _option("--jitter-seed", "Seed for --dequantize.", TRACE_PANEL, min=0, max=MAX_SEED),
+            _option("--jitter-seed", _shaping("jitter_seed"), TRACE_PANEL, min=0, max=MAX_SEED),
         ],
         0,
     ),
@@ -376,9 +371,7 @@ _TRACE_READING = (
             str | None,
             _option(
                 "--classes",
-                "Traffic classes by prompt tokens (both ends inclusive), e.g. "
-                "interactive=..1024,longdoc=8192.. (overrides the trace's 'class' field); SLOs "
-                "may then name one: --slo p99_ttft[interactive]=500ms.",
+                _shaping("classes"),
                 TRACE_PANEL,
             ),
         ],
@@ -392,7 +385,7 @@ _TRACE_LENGTH = (
             int | None,
             _option(
                 "--max-model-len",
-                "Clip or drop requests whose prompt + output exceed this.",
+                _shaping("max_model_len"),
                 TRACE_PANEL,
                 min=2,
             ),
@@ -403,9 +396,7 @@ _TRACE_LENGTH = (
         "over_length",
         Annotated[
             str,
-            _option(
-                "--over-length", "clip or drop requests longer than --max-model-len.", TRACE_PANEL
-            ),
+            _option("--over-length", _shaping("over_length"), TRACE_PANEL),
         ],
         "clip",
     ),
@@ -454,12 +445,13 @@ def _space_spec(
     set_values: list[str] | None,
     async_scheduling: bool | None,
 ) -> SpaceSpec:
-    fixed = list(set_values or ())
+    fixed = {k: parse_value(v) for k, v in parse_assignments(set_values or [], "--set").items()}
     if async_scheduling is not None:
-        if any(value.split("=", 1)[0].strip() == "async_scheduling" for value in fixed):
+        if "async_scheduling" in fixed:
             raise TunerError("give --async-scheduling/--no-async-scheduling or --set, not both")
-        fixed.append(f"async_scheduling={str(async_scheduling).lower()}")
-    return SpaceSpec(fixed=tuple(fixed), ranges=tuple(space or ()), space_file=space_file)
+        fixed["async_scheduling"] = async_scheduling
+    ranges = parse_assignments(space or [], "--space")
+    return SpaceSpec(fixed=fixed, ranges=ranges, space_file=space_file)
 
 
 SPACE = OptionGroup(
@@ -470,7 +462,7 @@ SPACE = OptionGroup(
                 list[str] | None,
                 _option(
                     "--space",
-                    "Knob range, e.g. max_num_batched_tokens=256..16384 (repeatable).",
+                    help_of(SpaceSpec, "ranges"),
                     SPACE_PANEL,
                 ),
             ],
@@ -479,7 +471,7 @@ SPACE = OptionGroup(
         _param(
             "space_file",
             Annotated[
-                Path | None, _option("--space-file", "YAML file of knob ranges.", SPACE_PANEL)
+                Path | None, _option("--space-file", help_of(SpaceSpec, "space_file"), SPACE_PANEL)
             ],
             None,
         ),
@@ -489,7 +481,7 @@ SPACE = OptionGroup(
                 list[str] | None,
                 _option(
                     "--set",
-                    "Fixed engine setting, e.g. max_model_len=32768 (repeatable).",
+                    help_of(SpaceSpec, "fixed"),
                     SPACE_PANEL,
                 ),
             ],

@@ -22,7 +22,7 @@ from prefill_tuner.cli.display import (
     print_study_header,
     quiet_optuna,
 )
-from prefill_tuner.cli.fields import with_flags
+from prefill_tuner.cli.fields import help_of, with_flags
 from prefill_tuner.cli.options import (
     ENGINE,
     SPACE,
@@ -61,8 +61,7 @@ def run_command(
         str,
         typer.Option(
             "--objective",
-            help="latency: minimise the SLO'd percentiles; capacity: maximise the "
-            "trace rate multiplier at which all SLOs hold.",
+            help=help_of(StudyPlan, "objective_mode"),
         ),
     ] = defaults.OBJECTIVE,
     trials: TrialsOpt = defaults.TRIALS,
@@ -79,34 +78,31 @@ def run_command(
     storage: StorageOpt = defaults.STORAGE,
     timeout: Annotated[
         float | None,
-        typer.Option("--timeout", min=0, help="Stop starting trials after this many seconds."),
+        typer.Option("--timeout", min=0, help=help_of(StudyPlan, "timeout_s")),
     ] = None,
     seed: SeedOpt = 0,
     sampler: Annotated[
-        str, typer.Option("--sampler", help="tpe (multivariate TPE) or random.")
+        str, typer.Option("--sampler", help=help_of(StudyPlan, "sampler"))
     ] = defaults.SAMPLER,
     rule_trials: Annotated[
         bool,
         typer.Option(
             "--rule-trials/--no-rule-trials",
-            help="Latency studies: after the defaults, run a few settings derived from the "
-            "trace's decode batch at the TPOT limit (a small token budget, the same with a "
-            "per-prompt prefill cap, one with room for prefills) before the sampler's.",
+            help=help_of(StudyPlan, "rule_trials"),
         ),
     ] = defaults.RULE_TRIALS,
     error_budget: ErrorBudgetOpt = 0.0,
     capacity_tolerance: Annotated[
         float,
         typer.Option(
-            "--capacity-tolerance", min=0.001, help="Capacity bisection precision (relative)."
+            "--capacity-tolerance", min=0.001, help=help_of(StudyPlan, "capacity_tolerance")
         ),
     ] = defaults.CAPACITY_TOLERANCE,
     early_abort: Annotated[
         bool,
         typer.Option(
             "--early-abort/--no-early-abort",
-            help="Stop a real engine's replay once its SLOs are certainly missed (the trial "
-            "is judged on lower bounds of what it would have measured).",
+            help=help_of(StudyPlan, "early_abort"),
         ),
     ] = True,
     screen: ScreenOpt = 0,

@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from prefill_tuner import defaults, exit_codes
+from prefill_tuner.cli.assignments import parse_assignments, parse_value
 from prefill_tuner.cli.display import error_console, output_console, quiet_optuna
 from prefill_tuner.cli.options import REAL_SERVER, JsonOpt, ModelOpt, StorageOpt, with_options
 from prefill_tuner.cli.stored import open_stored
@@ -21,7 +22,6 @@ from prefill_tuner.engines.real.verify import IRREGULAR, load_reference, verify
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.search_spaces.knobs import KNOBS
-from prefill_tuner.search_spaces.space import parse_assignments, parse_value
 from prefill_tuner.study.summary import summarize_stored
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,7 +11,6 @@ from typing import TYPE_CHECKING
 from prefill_tuner import defaults
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
-from prefill_tuner.search_spaces.space import parse_assignments
 
 if TYPE_CHECKING:
     from prefill_tuner.engines.sim.cost_model import StepModel
@@ -22,25 +22,36 @@ ENGINES = ("sim", "vllm")
 class EngineOptions:
     """How to run trials: on the simulator with a profile, or on real vLLM servers."""
 
+    # The first paragraph of each field's docstring is its option's help (tune ... --help).
     engine: str = "sim"
-    """``sim`` (the simulated scheduler) or ``vllm`` (a real server per trial)."""
+    """sim (simulator) or vllm."""
     model: str = defaults.MODEL
-    """What a real server serves, and what serve lines name."""
+    """Model named in serve lines (and served, with ``engine`` vllm)."""
     profile: str = defaults.PROFILE
-    """The simulator's step-time profile: a shipped name or a YAML/JSON file."""
+    """Simulator step-time profile (name or file); with ``engine`` vllm, the one that screens
+    (``screen_trials``) and explains a study nothing met."""
     vllm_python: str | None = None
-    """The Python that has vLLM (default: this one)."""
+    """The Python that has vLLM (its own venv).
+
+    ``None``: this one."""
     serve_cmd: str | None = None
-    """The command the model name follows (default: ``vllm serve`` when it works)."""
+    """The command the model name follows (default: 'vllm serve' if that works, else 'PYTHON
+    -m vllm.entrypoints.openai.api_server --model')."""
     server_args: tuple[str, ...] = field(default_factory=tuple)
-    """Extra server arguments, each a shell-quoted string (``--dtype float32``)."""
-    server_env: tuple[str, ...] = field(default_factory=tuple)
-    """``KEY=VALUE`` for the server's environment."""
+    """Extra server arguments, e.g. '--kv-cache-memory-bytes 268435456' (repeatable).
+
+    Each a shell-quoted string."""
+    server_env: Mapping[str, str] = field(default_factory=dict)
+    """KEY=VALUE for the server's environment (repeatable)."""
     log_dir: Path | None = None
-    """Where each real trial's server log and step trace go (``None``: ``defaults.LOG_DIR``)."""
+    """Where each trial's server log goes.
+
+    ``None``: ``defaults.LOG_DIR``; the step trace goes beside the log."""
     hang_timeout_s: float | None = None
-    """A real trial fails when requests are in flight but no token arrives for this long
-    (``None``: ``defaults.HANG_TIMEOUT_S``)."""
+    """A trial fails when requests are in flight but no token arrives for this many seconds
+    (the server hung).
+
+    ``None``: ``defaults.HANG_TIMEOUT_S``."""
 
 
 def given_profile(options: EngineOptions) -> StepModel | None:
@@ -66,7 +77,7 @@ def build_engine(options: EngineOptions) -> TrialEngine:
                 ("`log_dir`", options.log_dir),
                 ("`hang_timeout_s`", options.hang_timeout_s),
             )
-            if value not in (None, ())  # given: a default of these is None or ()
+            if value not in (None, (), {})  # given: a default of these is None, () or {}
         ]
         if real_only:
             raise TunerError(
@@ -85,7 +96,7 @@ def build_engine(options: EngineOptions) -> TrialEngine:
             python=options.vllm_python,
             serve_command=shlex.split(options.serve_cmd or ""),
             server_args=[arg for text in options.server_args for arg in shlex.split(text)],
-            env=parse_assignments(list(options.server_env), "`server_env`"),
+            env=dict(options.server_env),
             log_dir=options.log_dir or defaults.LOG_DIR,
             hang_timeout_s=options.hang_timeout_s or defaults.HANG_TIMEOUT_S,
         )

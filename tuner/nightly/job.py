@@ -17,21 +17,29 @@ from prefill_tuner.study.plan import StudyPlan
 class NightlyJob:
     """What ``tune nightly`` was asked to do."""
 
+    # The first paragraph of a field's docstring is the help of the option that sets it.
     family: str
+    """Study family: each night is a new generation, study NAME-gN."""
     plan: StudyPlan
     """The study plan of the night (its name is replaced by the generation's)."""
     report_dir: Path
+    """Where the dated report and the serve lines (DIR/STUDY/serve.sh, serve.yaml) go."""
     repeats: int = 3
-    """Runs per configuration when re-measuring (1 on a deterministic engine)."""
+    """Runs of the incumbent and of the challenger on tonight's trace, to tell a real gain from
+    noise (1 on the deterministic simulator)."""
     min_gain: float = defaults.MIN_GAIN
+    """Least median gain in headroom (share of the tightest SLO limit) worth a promotion."""
     deadline_s: float | None = None
-    """Wall-clock limit for the whole night; the search gets what the measurements leave."""
+    """Seconds the whole night may take (measurements included); the search stops starting
+    trials in time to re-measure its challenger."""
     screen_profile: StepModel | None = None
     """The simulator profile to screen with (``--profile``); ``None``: fitted to the night's
     baseline (when the plan screens at all)."""
     verify: bool = False
-    """Before promoting, check on the real engine that the challenger's chunking changes no
-    output (:mod:`prefill_tuner.engines.real.verify`); a failed check never promotes."""
+    """``engine`` vllm: before promoting, check that the challenger's chunking changes no
+    output (tune verify); a failed check keeps the incumbent, exit 5.
+
+    :mod:`prefill_tuner.engines.real.verify`."""
     html_report: bool = True
     """Besides the Markdown report and the serve lines, write the generation's HTML report
     beside them (:mod:`prefill_tuner.output.html`)."""

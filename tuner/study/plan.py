@@ -5,9 +5,10 @@ builds it from what the user gave: engine → search space → trace shaping →
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from prefill_tuner import defaults
 from prefill_tuner.engines.base import TrialEngine
@@ -19,8 +20,6 @@ from prefill_tuner.search_spaces.space import (
     SearchSpace,
     build_space,
     load_space_file,
-    parse_assignments,
-    parse_value,
 )
 from prefill_tuner.trace import load_trace
 from prefill_tuner.trace.classes import check_slo_classes, class_counts
@@ -41,41 +40,63 @@ SAMPLERS = ("tpe", "random")
 class StudyPlan:
     """Everything a study run needs, as the user asked for it."""
 
+    # The first paragraph of a field's docstring is the help of the option that sets it.
     name: str
-    """The study's name in the storage (a resumed study keeps it)."""
+    """Study name (default: TRACE-OBJECTIVE).
+
+    The study's name in the storage; a resumed study keeps it."""
     trace: Trace
     """The trace, already shaped."""
     shaping: ShapeOptions
     """How it was shaped (stored, so a resume or a worker shapes it the same way)."""
     slos: tuple[Slo, ...]
+    """SLO like p99_tpot=50ms or p95_ttft=2s (repeatable)."""
     space: SearchSpace
     storage_url: str = defaults.STORAGE
+    """Study database URL (SQLite file or PostgreSQL)."""
     model: str = defaults.MODEL
-    """The model named in serve lines."""
+    """Model named in serve lines."""
     trials: int = defaults.TRIALS
-    """Total finished trials the study should have (a resumed study runs the rest)."""
+    """Trials of the study.
+
+    The total of finished trials the study should have (a resumed study runs the rest)."""
     objective_mode: Literal["latency", "capacity"] = defaults.OBJECTIVE
+    """latency: minimise the SLO'd percentiles; capacity: maximise the trace rate multiplier at
+    which all SLOs hold."""
     error_budget: float = 0.0
     """Share of requests allowed to fail without violating the SLOs."""
     timeout_s: float | None = None
     """Stop starting trials after this many seconds."""
     seed: int = 0
-    """The sampler's seed (offset by the number of trials so far on each resume)."""
+    """Sampler seed.
+
+    Offset by the number of trials so far on each resume."""
     sampler: Literal["tpe", "random"] = defaults.SAMPLER
+    """tpe (multivariate TPE) or random."""
     startup_trials: int = defaults.STARTUP_TRIALS
     """Trials TPE samples at random before it models the results (the baseline included)."""
     rule_trials: bool = defaults.RULE_TRIALS
-    """Latency studies: run the rule-derived settings of :mod:`prefill_tuner.study.first_trials`
-    right after the baseline (on the study's first run; not in a screened study, whose
-    screening candidates come first)."""
+    """Latency studies: after the defaults, run a few settings derived from the trace's decode
+    batch at the TPOT limit (a small token budget, the same with a per-prompt prefill cap, one
+    with room for prefills) before the sampler's.
+
+    The rules are :mod:`prefill_tuner.study.first_trials`'s; they run on the study's first run,
+    and not in a screened study, whose screening candidates come first."""
     capacity_tolerance: float = defaults.CAPACITY_TOLERANCE
-    """Relative precision of the capacity bisection: stop when hi / lo − 1 ≤ this."""
+    """Capacity bisection precision (relative).
+
+    The bisection stops when hi / lo − 1 ≤ this."""
     early_abort: bool = True
-    """Let engines stop a replay once its SLO verdict can no longer change (real engines do;
-    :mod:`prefill_tuner.objectives.early_abort`)."""
+    """Stop a real engine's replay once its SLOs are certainly missed (the trial is judged on
+    lower bounds of what it would have measured).
+
+    :mod:`prefill_tuner.objectives.early_abort`."""
     screen_trials: int = 0
-    """Real-engine studies: simulated trials to screen after the baseline, whose Pareto-optimal
-    settings the real server runs first (:mod:`prefill_tuner.study.screening`); 0: off."""
+    """``engine`` vllm: after the baseline, fit the simulator to its step log (or use
+    ``profile``), simulate this many trials, and run their Pareto-optimal settings on the server
+    first (0: off). Workers of the study share the screening.
+
+    :mod:`prefill_tuner.study.screening`."""
 
     def __post_init__(self) -> None:
         """An SLO naming a class that no request carries could never be judged: refused
@@ -104,8 +125,9 @@ class TraceSpec:
     engine's context length)."""
 
     path: Path
+    """The trace file to replay (JSONL, Azure or BurstGPT CSV)."""
     format: str | None = None
-    """``jsonl``, ``azure`` or ``burstgpt``; ``None``: detected from the content."""
+    """jsonl (= mooncake, native), azure or burstgpt (default: detected from the content)."""
     sort: bool = False
     """Sort out-of-order arrivals instead of refusing the file."""
     shaping: ShapeOptions = field(default_factory=ShapeOptions)
@@ -113,12 +135,19 @@ class TraceSpec:
 
 @dataclass(frozen=True)
 class SpaceSpec:
-    """What the user fixed (``--set``) and where knobs are searched (``--space``, which wins
-    over ``--space-file``)."""
+    """What the user fixed and where knobs are searched."""
 
-    fixed: tuple[str, ...] = ()
-    ranges: tuple[str, ...] = ()
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    """Fixed engine setting, e.g. max_model_len=32768 (repeatable).
+
+    Settings every trial runs with, by vLLM's name: ``{"max_model_len": 32768}``."""
+    ranges: Mapping[str, str] = field(default_factory=dict)
+    """Knob range, e.g. max_num_batched_tokens=256..16384 (repeatable).
+
+    By knob, as ``LOW..HIGH``: ``{"max_num_batched_tokens": "256..16384"}``; they win over
+    ``space_file``'s."""
     space_file: Path | None = None
+    """YAML file of knob ranges."""
 
 
 def check_study_name(name: str, option: str = "`name`") -> str:
@@ -148,10 +177,9 @@ def default_study_name(trace: Path, objective_mode: str) -> str:
 def search_space_for(engine: TrialEngine, spec: SpaceSpec) -> SearchSpace:
     """The search space for this engine; a setting it cannot take fails here, before any
     work."""
-    values = {k: parse_value(v) for k, v in parse_assignments(list(spec.fixed), "`fixed`").items()}
     overrides = load_space_file(spec.space_file) if spec.space_file else {}
-    overrides.update(parse_assignments(list(spec.ranges), "`ranges`"))
-    return build_space(engine.capabilities, overrides, engine.validate_fixed(values))
+    overrides.update(spec.ranges)
+    return build_space(engine.capabilities, overrides, engine.validate_fixed(dict(spec.fixed)))
 
 
 def build_plan(

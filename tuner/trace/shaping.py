@@ -28,30 +28,41 @@ class ShapeOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # The first paragraph of each docstring is its option's help (tune run --help).
     classes: str | None = None
-    """Traffic classes by prompt-length bands, ``interactive=..1024,longdoc=8192..`` (prompt
-    tokens as the file gives them, both ends inclusive), replacing the file's own classes; a
-    request in no band gets none. Stored in one canonical spelling. ``None``: the file's."""
+    """Traffic classes by prompt tokens (both ends inclusive), e.g.
+    interactive=..1024,longdoc=8192.. (overrides the trace's 'class' field); SLOs may then name
+    one: --slo p99_ttft[interactive]=500ms.
+
+    A request in no band gets no class. Stored in one canonical spelling. ``None``: the
+    file's classes."""
 
     dequantize_s: float | Literal["auto"] | None = None
-    """Spread coarse timestamps: add uniform jitter in [0, q) seconds to every arrival (the
-    true arrival lies inside its quantum), then re-sort. ``"auto"`` takes q as the median gap
-    between distinct timestamps (about 3 s in Mooncake). ``None``: off."""
+    """Spread coarse timestamps with uniform jitter over a quantum: seconds, or 'auto' (median
+    gap between timestamps).
+
+    Every arrival gets uniform jitter in [0, q) seconds (the true arrival lies inside its
+    quantum), then the trace is re-sorted; ``"auto"`` takes q as the median gap between
+    distinct timestamps (about 3 s in Mooncake). ``None``: off."""
     jitter_seed: int = 0
-    """Seed of the de-quantising jitter, so the same options give the same arrivals."""
+    """Seed for ``dequantize_s`` (the same options give the same arrivals)."""
     start_s: float = Field(default=0.0, ge=0)
-    """Keep requests arriving at or after this time (seconds from trace start); re-base to 0."""
+    """Window start, seconds from trace start (later arrivals are kept, re-based to 0)."""
     duration_s: float | None = Field(default=None, gt=0)
-    """Keep requests arriving within this many seconds after ``start_s``. ``None``: to the end."""
+    """Window length in seconds.
+
+    ``None``: to the end."""
     rate_scale: float = Field(default=1.0, gt=0)
-    """Multiply the arrival rate: 0.1 stretches time tenfold, 2 compresses it twofold."""
+    """Multiply the arrival rate (0.1 = 10× slower, 2 = twice as fast)."""
     max_model_len: int | None = Field(default=None, ge=2)
-    """Context limit: a request whose prompt plus output exceeds it is clipped or dropped."""
+    """Clip or drop requests whose prompt + output exceed this."""
     over_length: Literal["clip", "drop"] = "clip"
-    """What to do with requests longer than ``max_model_len``: ``clip`` shortens the prompt
-    (keeping its leading prefix blocks) and, only if needed, the output; ``drop`` removes them."""
+    """clip or drop requests longer than ``max_model_len``.
+
+    ``clip`` shortens the prompt (keeping its leading prefix blocks) and, only if needed, the
+    output; ``drop`` removes them."""
     max_requests: int | None = Field(default=None, ge=1)
-    """Keep at most this many requests (the earliest)."""
+    """Keep only the first N requests."""
 
     @field_validator("classes")
     @classmethod
