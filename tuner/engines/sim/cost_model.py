@@ -1,6 +1,6 @@
 """How long one engine step takes, from what the step computes.
 
-Two kinds of profile, both plain YAML or JSON files a user can supply:
+Four kinds of profile, all plain YAML or JSON files a user can supply:
 
 ``constant``
     Every step takes ``step_ms`` (for tests and for reasoning about scheduling alone).
@@ -28,6 +28,13 @@ Two kinds of profile, both plain YAML or JSON files a user can supply:
                   / effective_flops
         step    = overhead + per_request × requests + max(memory, compute)
                   + host + host_request × requests
+``kernels``
+    The sum of the kernels vLLM runs for the step's composition, each from measured timings
+    (NVIDIA AIConfigurator's vLLM kernel tables) at the model's tensor-parallel shard, plus
+    estimated time outside kernels; built for a model, GPU, tensor-parallel size and dtype by
+    :func:`prefill_tuner.engines.sim.kernels.build_kernel_profile`
+    (:class:`~prefill_tuner.engines.sim.kernels.profile.KernelProfile`,
+    ``docs/kernel-profiles.md``).
 
 Every profile splits a step into device time and host time (``host_seconds``): a synchronous
 engine runs them one after the other; with async scheduling the host's share of step k+1 runs
@@ -40,8 +47,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -49,94 +54,15 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from prefill_tuner.engines.sim.kernels.profile import KernelProfile
+from prefill_tuner.engines.sim.profile_base import Provenance as Provenance
+from prefill_tuner.engines.sim.profile_base import StepShape as StepShape
+from prefill_tuner.engines.sim.profile_base import shape_of as shape_of
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import why_unreadable
 from prefill_tuner.yaml_input import load_yaml, read_text
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
-
-
-@dataclass(frozen=True, slots=True)
-class StepShape:
-    """What a step computes, as the cost model sees it (a plain dataclass: one is made per
-    simulated step)."""
-
-    prefill_tokens: int = 0
-    """Prompt (or recomputed) tokens processed in this step."""
-    decode_tokens: int = 0
-    """Requests generating one token in this step."""
-    requests: int = 0
-    """Requests scheduled in this step."""
-    decode_context_tokens: int = 0
-    """KV tokens the decodes' attention reads (sum of their context lengths)."""
-    prefill_context_tokens: int = 0
-    """KV tokens the prefill chunks' attention reads (each chunk's context, summed)."""
-    prefill_attention_pairs: int = 0
-    """Query-key pairs the prefill chunks' causal attention computes."""
-
-
-def shape_of(scheduled: Iterable[tuple[int, int, bool]], requests: int) -> StepShape:
-    """A step's shape from its ``(computed before, tokens, is a decode)`` per scheduled
-    request: a decode reads its context plus the new token; a prefill chunk of ``n`` tokens
-    after ``c`` computed ones reads ``c + n`` and computes ``n·c + n(n+1)/2`` causal pairs."""
-    prefill = decode = decode_context = prefill_context = pairs = 0
-    for before, tokens, decoding in scheduled:
-        if decoding:
-            decode += 1
-            decode_context += before + 1
-        else:
-            prefill += tokens
-            prefill_context += before + tokens
-            pairs += tokens * before + tokens * (tokens + 1) // 2
-    return StepShape(
-        prefill_tokens=prefill,
-        decode_tokens=decode,
-        requests=requests,
-        decode_context_tokens=decode_context,
-        prefill_context_tokens=prefill_context,
-        prefill_attention_pairs=pairs,
-    )
-
-
-class Provenance(BaseModel):
-    """How a profile was made: what its latencies can be trusted for."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: Literal["estimated", "calibrated"] = "estimated"
-    """``estimated``: from datasheet figures and first principles, never compared with an
-    engine (use it to compare settings, not for absolute latencies); ``calibrated``: fitted to
-    measurements of a real engine."""
-    method: str = ""
-    """How it was estimated or what it was fitted to (a vLLM per-step log, forward-step
-    timings)."""
-    vllm_version: str | None = None
-    """The engine measured (calibrated profiles)."""
-    model: str | None = None
-    hardware: str | None = None
-    """The GPU or CPU as the server or the machine reported it."""
-    date: str | None = None
-    held_out_error: dict[str, float] | None = None
-    """Relative error of the step time on steps the fit did not see (``median``, ``p90``)."""
-    workload: str | None = None
-    """What the calibration replayed."""
-
-    def summary(self) -> str:
-        """One line: what the profile is and how far to trust it."""
-        if self.kind == "estimated":
-            how = f" ({self.method})" if self.method else ""
-            return f"estimated{how}: absolute latencies are not measured; compare settings with it"
-        parts = [
-            f"vLLM {self.vllm_version}" if self.vllm_version else "",
-            self.model or "",
-            f"on {self.hardware}" if self.hardware else "",
-            self.date or "",
-        ]
-        error = self.held_out_error or {}
-        if "median" in error:
-            parts.append(f"held-out step-time error {error['median']:.0%} (median)")
-        text = ", ".join(part for part in parts if part)
-        return f"calibrated ({self.method or 'fitted to measurements'}): {text}".rstrip(": ")
 
 
 class ConstantProfile(BaseModel):
@@ -381,7 +307,7 @@ class FittedProfile(BaseModel):
         return (fixed + self.decode_context_ms * context + 0.0) / 1000.0
 
 
-StepModel = ConstantProfile | RooflineProfile | FittedProfile
+StepModel = ConstantProfile | RooflineProfile | FittedProfile | KernelProfile
 """Anything the simulator can take its step times from."""
 
 

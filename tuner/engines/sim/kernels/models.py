@@ -1,0 +1,255 @@
+"""A dense decoder's shape, as the kernel profile needs it, from a HuggingFace ``config.json``.
+
+Only what decides the kernels vLLM runs and the memory they need: layers, hidden size, query
+and KV heads, head size, MLP width, vocabulary, tied embeddings, the context length and the
+parameter count. Llama, Mistral, Qwen2 and Qwen3 (GQA or MHA, a gated SiLU MLP, RMSNorm) are
+modelled; mixture-of-experts and multi-head latent attention models, sliding-window attention
+and multimodal configs are refused with one line (:class:`~prefill_tuner.errors.TunerError`).
+
+A handful of popular models' configs are bundled by name (``models/``:
+:func:`bundled_models`), written from the shape fields of their published ``config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from prefill_tuner.errors import TunerError
+from prefill_tuner.files import why_unreadable
+
+MODELS_DIR = Path(__file__).parent / "models"
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+"""The ``model_type`` values modelled: dense decoders with the same layer (fused QKV, output
+projection, gated SiLU MLP, two RMSNorms); Qwen3 adds a norm on queries and keys, Qwen2 a bias
+on them."""
+
+_MOE_KEYS = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "moe_intermediate_size",
+    "num_experts_per_tok",
+    "moe_num_experts",
+)
+_MLA_KEYS = ("kv_lora_rank", "q_lora_rank")
+_MAX_CONFIG_BYTES = 1_000_000
+
+
+class ModelShape(BaseModel):
+    """A dense decoder-only transformer's shape (per model, not per GPU)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    """The model's name (a HuggingFace id, or the folder or file it was read from)."""
+    model_type: str
+    layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    """Query heads."""
+    kv_heads: int = Field(gt=0)
+    """Key/value heads (equal to ``heads`` for multi-head attention)."""
+    head_dim: int = Field(gt=0)
+    intermediate: int = Field(gt=0)
+    """The MLP's inner width (gate and up projections each, down projection's input)."""
+    vocab: int = Field(gt=0)
+    tied_embeddings: bool = False
+    """The LM head shares the embedding's weights (one copy in memory)."""
+    max_position_embeddings: int = Field(gt=0)
+    """The context length vLLM takes as ``max_model_len`` when none is given."""
+    qk_norm: bool = False
+    """RMSNorm on each head's queries and keys (Qwen3)."""
+    attention_bias: bool = False
+    """Biases on the query, key and value projections (Qwen2)."""
+    parameters: int = Field(gt=0)
+    """Parameter count (embedding, LM head unless tied, every layer's weights and norms)."""
+
+    @property
+    def q_size(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+def _parameters(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    vocab: int,
+    tied: bool,
+    qk_norm: bool,
+    attention_bias: bool,
+) -> int:
+    qkv = hidden * (heads + 2 * kv_heads) * head_dim
+    if attention_bias:
+        qkv += (heads + 2 * kv_heads) * head_dim
+    per_layer = (
+        qkv
+        + heads * head_dim * hidden  # output projection
+        + 3 * hidden * intermediate  # gate, up, down
+        + 2 * hidden  # the two RMSNorms
+        + (2 * head_dim if qk_norm else 0)
+    )
+    embeddings = vocab * hidden * (1 if tied else 2)
+    return layers * per_layer + embeddings + hidden  # and the final norm
+
+
+def _active(value: Any) -> bool:
+    return value is not None and value is not False and value != 0 and value != []
+
+
+def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
+    """The shape of the model ``config`` (a parsed ``config.json``) describes; a one-line
+    :class:`TunerError` naming ``name`` for what it is not or cannot tell."""
+    if not isinstance(config, dict):
+        raise TunerError(f"{name}: config.json does not hold a JSON object")
+    if "text_config" in config or "vision_config" in config:
+        raise TunerError(
+            f"{name}: a multimodal config (text_config/vision_config); only dense text decoders "
+            "are modelled"
+        )
+    mla = [key for key in _MLA_KEYS if _active(config.get(key))]
+    if mla:
+        raise TunerError(
+            f"{name}: multi-head latent attention ({', '.join(mla)}) is not modelled; only "
+            "dense decoders with grouped-query or multi-head attention are"
+        )
+    moe = [key for key in _MOE_KEYS if _active(config.get(key))]
+    if moe:
+        raise TunerError(
+            f"{name}: a mixture-of-experts model ({', '.join(moe)}) is not modelled; only "
+            "dense decoders are"
+        )
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise TunerError(
+            f"{name}: model_type {model_type!r} is not modelled (dense decoders of type "
+            f"{', '.join(MODEL_TYPES)} are)"
+        )
+    window = config.get("sliding_window")
+    context = config.get("max_position_embeddings")
+    if (
+        isinstance(window, int)
+        and window > 0
+        and config.get("use_sliding_window", True)
+        and config.get("max_window_layers", 1)
+        and not (isinstance(context, int) and window >= context)
+    ):
+        raise TunerError(
+            f"{name}: sliding-window attention (sliding_window {window}) is not modelled"
+        )
+    if config.get("hidden_act", "silu") != "silu":
+        raise TunerError(
+            f"{name}: hidden_act {config.get('hidden_act')!r}: only the gated SiLU MLP is modelled"
+        )
+
+    def whole(key: str, default: Any = None) -> int:
+        value = config.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            shown = "missing" if value is None else repr(value)
+            raise TunerError(f"{name}: config.json field {key!r} is {shown}, not a positive whole")
+        return value
+
+    hidden = whole("hidden_size")
+    heads = whole("num_attention_heads")
+    kv_heads = whole("num_key_value_heads", heads)
+    head_dim = config.get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise TunerError(
+                f"{name}: no head_dim, and hidden_size {hidden} is not a multiple of "
+                f"num_attention_heads {heads}"
+            )
+        head_dim = hidden // heads
+    else:
+        head_dim = whole("head_dim")
+    if heads % kv_heads:
+        raise TunerError(
+            f"{name}: num_attention_heads {heads} is not a multiple of num_key_value_heads "
+            f"{kv_heads}"
+        )
+    layers = whole("num_hidden_layers")
+    intermediate = whole("intermediate_size")
+    vocab = whole("vocab_size")
+    length = whole("max_position_embeddings")
+    tied = bool(config.get("tie_word_embeddings", False))
+    qk_norm = model_type == "qwen3"
+    bias = model_type == "qwen2" or bool(config.get("attention_bias", False))
+    return ModelShape(
+        name=name,
+        model_type=model_type,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=intermediate,
+        vocab=vocab,
+        tied_embeddings=tied,
+        max_position_embeddings=length,
+        qk_norm=qk_norm,
+        attention_bias=bias,
+        parameters=_parameters(
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate=intermediate,
+            vocab=vocab,
+            tied=tied,
+            qk_norm=qk_norm,
+            attention_bias=bias,
+        ),
+    )
+
+
+def _bundled_file(name: str) -> Path:
+    return MODELS_DIR / (name.replace("/", "--") + ".json")
+
+
+def bundled_models() -> list[str]:
+    """The models whose shape is bundled, by HuggingFace id
+    (``meta-llama/Llama-3.1-8B-Instruct``)."""
+    return sorted(path.stem.replace("--", "/") for path in MODELS_DIR.glob("*.json"))
+
+
+def load_model_shape(name_or_path: str | os.PathLike[str]) -> ModelShape:
+    """A model's shape: a ``config.json`` file, a folder holding one, or a bundled model's
+    HuggingFace id; a one-line :class:`TunerError` otherwise."""
+    text = os.fspath(name_or_path)
+    path = Path(text)
+    if os.path.isdir(path):
+        path = path / "config.json"
+        if not path.is_file():
+            raise TunerError(f"{text}: a folder without a config.json")
+        name = text
+    elif os.path.isfile(path):
+        name = text
+    else:
+        bundled = _bundled_file(text)
+        if text.count("/") != 1 or not bundled.is_file():
+            raise TunerError(
+                f"no config.json at {text!r}, and no bundled model of that name (bundled: "
+                f"{', '.join(bundled_models())})"
+            )
+        path, name = bundled, text
+    try:
+        if path.stat().st_size > _MAX_CONFIG_BYTES:
+            raise TunerError(f"{path}: larger than {_MAX_CONFIG_BYTES:,} bytes (not a config.json)")
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TunerError(f"{path}: cannot read the model config: {why_unreadable(exc)}") from None
+    return shape_from_config(config, name)

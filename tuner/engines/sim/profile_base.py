@@ -1,0 +1,165 @@
+"""What every step-time profile shares: the step it is asked about (:class:`StepShape`, built
+once per simulated step by :func:`shape_of`) and the record of how it was made
+(:class:`Provenance`).
+
+They live apart from :mod:`prefill_tuner.engines.sim.cost_model`, which re-exports them, so
+that a profile kind in its own package (:mod:`prefill_tuner.engines.sim.kernels`) can use them
+while the cost model's union of profile kinds imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """What a step computes, as the cost model sees it (a plain dataclass: one is made per
+    simulated step)."""
+
+    prefill_tokens: int = 0
+    """Prompt (or recomputed) tokens processed in this step."""
+    decode_tokens: int = 0
+    """Requests generating one token in this step."""
+    requests: int = 0
+    """Requests scheduled in this step."""
+    decode_context_tokens: int = 0
+    """KV tokens the decodes' attention reads (sum of their context lengths)."""
+    prefill_context_tokens: int = 0
+    """KV tokens the prefill chunks' attention reads (each chunk's context, summed)."""
+    prefill_attention_pairs: int = 0
+    """Query-key pairs the prefill chunks' causal attention computes."""
+    prefill_chunks: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+    """Each prefill chunk's ``(tokens computed before it, its tokens)``, in scheduling order
+    (:func:`shape_of` fills it; a shape made by hand may leave it empty, and a profile that
+    needs it then takes the prefill as one chunk). Not compared: two shapes are equal when
+    their totals are (what a log of the step can tell)."""
+
+
+def shape_of(scheduled: Iterable[tuple[int, int, bool]], requests: int) -> StepShape:
+    """A step's shape from its ``(computed before, tokens, is a decode)`` per scheduled
+    request: a decode reads its context plus the new token; a prefill chunk of ``n`` tokens
+    after ``c`` computed ones reads ``c + n`` and computes ``n·c + n(n+1)/2`` causal pairs."""
+    prefill = decode = decode_context = prefill_context = pairs = 0
+    chunks: list[tuple[int, int]] = []
+    for before, tokens, decoding in scheduled:
+        if decoding:
+            decode += 1
+            decode_context += before + 1
+        else:
+            prefill += tokens
+            prefill_context += before + tokens
+            pairs += tokens * before + tokens * (tokens + 1) // 2
+            chunks.append((before, tokens))
+    return StepShape(
+        prefill_tokens=prefill,
+        decode_tokens=decode,
+        requests=requests,
+        decode_context_tokens=decode_context,
+        prefill_context_tokens=prefill_context,
+        prefill_attention_pairs=pairs,
+        prefill_chunks=tuple(chunks),
+    )
+
+
+class Provenance(BaseModel):
+    """How a profile was made: what its latencies can be trusted for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["estimated", "calibrated", "measured-kernels"] = "estimated"
+    """``estimated``: from datasheet figures and first principles, never compared with an
+    engine (use it to compare settings, not for absolute latencies); ``calibrated``: fitted to
+    measurements of a real engine; ``measured-kernels``: the sum of the kernels vLLM runs for
+    a step, each timed on the GPU (:mod:`prefill_tuner.engines.sim.kernels`), with the time
+    outside kernels estimated."""
+    method: str = ""
+    """How it was estimated or what it was fitted to (a vLLM per-step log, forward-step
+    timings)."""
+    vllm_version: str | None = None
+    """The engine measured (calibrated profiles; for measured kernels, the vLLM version of
+    the kernel tables)."""
+    model: str | None = None
+    hardware: str | None = None
+    """The GPU or CPU as the server or the machine reported it."""
+    date: str | None = None
+    held_out_error: dict[str, float] | None = None
+    """Relative error of the step time on steps the fit did not see (``median``, ``p90``)."""
+    workload: str | None = None
+    """What the calibration replayed."""
+    source: str | None = None
+    """Measured kernels: where the timings come from (repository and directory)."""
+    source_commit: str | None = None
+    """Measured kernels: the source repository's commit."""
+    gpu: str | None = None
+    """Measured kernels: the GPU's name in the tables (``h100_sxm``)."""
+    tables: dict[str, str] | None = None
+    """Measured kernels: per table family, the vLLM (or NCCL) version its rows were measured
+    with."""
+    kernel_sources: dict[str, str] | None = None
+    """Measured kernels: per operation, the kernel the tables time (vLLM's choice on that GPU
+    for the dtype)."""
+    interpolated: tuple[str, ...] = ()
+    """Measured kernels: the shapes read between measured points (and how)."""
+    extrapolated: tuple[str, ...] = ()
+    """Measured kernels: the shapes read beyond measured points (and by what rule)."""
+    estimated: tuple[str, ...] = ()
+    """Measured kernels: the terms that are not measured at all (and where they come from)."""
+
+    @model_serializer(mode="wrap")
+    def _without_unused_kernel_fields(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """An estimated or calibrated profile's record (its YAML, its study record) as it was
+        before the measured-kernel fields existed: those left at their defaults are not
+        written (they read back as the defaults)."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in _KERNEL_FIELDS:
+                if name in data and not data[name]:
+                    del data[name]
+        return data
+
+    def summary(self) -> str:
+        """One line: what the profile is and how far to trust it."""
+        if self.kind == "estimated":
+            how = f" ({self.method})" if self.method else ""
+            return f"estimated{how}: absolute latencies are not measured; compare settings with it"
+        if self.kind == "measured-kernels":
+            where = (self.source or "measured kernel tables").split()[0]
+            where = where.removeprefix("https://").removeprefix("github.com/")
+            if self.source_commit:
+                where += f"@{self.source_commit[:12]}"
+            tables = f"vLLM {self.vllm_version} tables, " if self.vllm_version else ""
+            what = " on ".join(part for part in (self.model, self.hardware or self.gpu) if part)
+            return (
+                f"measured kernels ({tables}{where}): {what or 'a model'}; "
+                f"{len(self.interpolated)} shapes interpolated, {len(self.extrapolated)} "
+                "extrapolated; time outside kernels estimated"
+            )
+        parts = [
+            f"vLLM {self.vllm_version}" if self.vllm_version else "",
+            self.model or "",
+            f"on {self.hardware}" if self.hardware else "",
+            self.date or "",
+        ]
+        error = self.held_out_error or {}
+        if "median" in error:
+            parts.append(f"held-out step-time error {error['median']:.0%} (median)")
+        text = ", ".join(part for part in parts if part)
+        return f"calibrated ({self.method or 'fitted to measurements'}): {text}".rstrip(": ")
+
+
+_KERNEL_FIELDS = (
+    "source",
+    "source_commit",
+    "gpu",
+    "tables",
+    "kernel_sources",
+    "interpolated",
+    "extrapolated",
+    "estimated",
+)
+"""The :class:`Provenance` fields only a measured-kernels profile fills."""
