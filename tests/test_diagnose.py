@@ -82,12 +82,12 @@ def test_thrashing_at_moderate_use_without_reserve_points_at_reserve_full_isl() 
 
 def test_slow_prefills_that_no_stream_waited_through_are_no_spikes() -> None:
     # 8,000-token prompts arriving one at a time (16 output tokens each): every whole-prompt
-    # step takes 40× the median step, and no stream decodes in it, so no token waited.
+    # step takes 25× the median step, and no stream decodes in it, so no token waited.
     trace = synthesize(parse_mix("8000x16=1"), 0.05, count=40, seed=1)
     view = simulated_view(trace, SimConfig(**PROFILE.engine_defaults), PROFILE)
     median = statistics.median(s.duration_s for s in view.steps)
     heavy = [s for s in view.steps if s.prefill_tokens >= 1024]
-    assert len(heavy) == 40 and all(s.duration_s > 30 * median for s in heavy)
+    assert len(heavy) == 40 and all(s.duration_s > 20 * median for s in heavy)
     assert not any(s.decode_tokens for s in heavy)
     assert "periodic TPOT/ITL spikes" not in {f.symptom for f in diagnose(view)}
 

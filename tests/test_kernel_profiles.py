@@ -150,7 +150,7 @@ def test_every_gpu_model_tp_and_dtype_builds_or_is_refused_in_one_line() -> None
     # fp8 on A100: refused, never invented.
     for key, why in refused.items():
         if key[0] == "a100_sxm" and key[3] == "fp8":
-            assert why.startswith("dtype fp8: the a100_sxm tables have no fp8 GEMMs")
+            assert why.startswith("`dtype` fp8: the a100_sxm tables have no fp8 GEMMs")
     assert not [k for k in built if k[0] == "a100_sxm" and k[3] == "fp8"]
     # 70B does not fit one 80 GB GPU: refused with the numbers, as vLLM refuses to start.
     why = refused[("h100_sxm", LLAMA_70B, 1, "bf16")]
@@ -167,12 +167,15 @@ def test_every_gpu_model_tp_and_dtype_builds_or_is_refused_in_one_line() -> None
 def test_refusals_name_the_field() -> None:
     llama = load_model_shape(LLAMA_8B)
     cases = [
-        (dict(gpu="h100_sxm", tp=16), "tp 16: the h100_sxm tables measure all-reduce up to 8 GPUs"),
-        (dict(gpu="h100_sxm", tp=3), "tp 3: the h100_sxm tables measure all-reduce at 2, 4, 8"),
-        (dict(gpu="tpu_v5", tp=1), "gpu 'tpu_v5': no measured kernel tables"),
-        (dict(gpu="a100_sxm", tp=1, kv_cache_dtype="fp8"), "kv_cache_dtype fp8: the a100_sxm"),
-        (dict(gpu="h100_sxm", tp=1, kv_cache_dtype="int4"), "kv_cache_dtype 'int4'"),
-        (dict(gpu="h100_sxm", tp=1, max_model_len=200_000), "max_model_len 200000: beyond"),
+        (
+            dict(gpu="h100_sxm", tp=16),
+            "`tp` 16: the h100_sxm tables measure all-reduce up to 8 GPUs",
+        ),
+        (dict(gpu="h100_sxm", tp=3), "`tp` 3: the h100_sxm tables measure all-reduce at 2, 4, 8"),
+        (dict(gpu="tpu_v5", tp=1), "`gpu` 'tpu_v5': no measured kernel tables"),
+        (dict(gpu="a100_sxm", tp=1, kv_cache_dtype="fp8"), "`kv_cache_dtype` fp8: the a100_sxm"),
+        (dict(gpu="h100_sxm", tp=1, kv_cache_dtype="int4"), "`kv_cache_dtype` 'int4'"),
+        (dict(gpu="h100_sxm", tp=1, max_model_len=200_000), "`max_model_len` 200000: beyond"),
     ]
     for options, message in cases:
         with pytest.raises(TunerError) as refused:
@@ -475,3 +478,20 @@ def test_a_model_shape_is_plain_data() -> None:
     shape = load_model_shape(LLAMA_8B)
     assert ModelShape.model_validate(shape.model_dump()) == shape
     assert (shape.q_size, shape.kv_size) == (4096, 1024)
+
+
+def test_a_decode_shape_the_tables_measure_only_at_large_batches_is_refused() -> None:
+    """L40S measured 48 query heads over one fp8 KV head only from batch 1,024: smaller
+    batches are not guessed (found by benchmarks/kernel_profiles.py: it was a traceback)."""
+    config = {
+        "model_type": "llama",
+        "hidden_size": 6144,
+        "num_attention_heads": 48,
+        "num_key_value_heads": 1,
+        "num_hidden_layers": 4,
+        "intermediate_size": 16384,
+        "vocab_size": 32000,
+        "max_position_embeddings": 8192,
+    }
+    with pytest.raises(TunerError, match=r"^`kv_cache_dtype` fp8: .* only from batch 1,024$"):
+        build_kernel_profile(shape_from_config(config, "x"), "l40s", 1, "bf16", "fp8")

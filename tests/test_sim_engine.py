@@ -110,9 +110,9 @@ def test_metrics_come_from_token_times() -> None:
     assert metrics.output_tokens == 4 and metrics.completed == 2
 
 
-def test_roofline_profile_is_memory_bound_for_decode_and_compute_bound_for_prefill() -> None:
+def test_the_shipped_profile_times_steps_as_the_measured_kernels_do() -> None:
     decode = H100.step_seconds(StepShape(decode_tokens=1, requests=1, decode_context_tokens=100))
-    assert decode == pytest.approx(0.0075, rel=0.01)  # 1.5 ms + 16 GB / 2.68 TB/s
+    assert 0.0072 < decode < 0.0082  # the weights' GEMMs at one token, plus 1.5 ms outside
     prefill = H100.step_seconds(
         StepShape(
             prefill_tokens=8192,
@@ -121,7 +121,7 @@ def test_roofline_profile_is_memory_bound_for_decode_and_compute_bound_for_prefi
             prefill_attention_pairs=8192 * 8193 // 2,
         )
     )
-    assert 0.25 < prefill < 0.35
+    assert 0.19 < prefill < 0.215  # AIConfigurator's H100 kernels sum to about 199 ms
     run = H100.decode_run_seconds(32, 32_000, 5)
     singles = [
         H100.step_seconds(
@@ -138,8 +138,8 @@ def test_profiles_load_from_files_with_clear_errors(tmp_path: Path) -> None:
     good.write_text('{"kind": "constant", "step_ms": 5}')
     assert load_profile(str(good)).step_seconds(StepShape()) == 0.005
     bad = tmp_path / "bad.yaml"
-    bad.write_text("kind: roofline\nname: x\noverhead_ms: -1\n")
-    with pytest.raises(TunerError, match=r"bad\.yaml: field 'roofline\.overhead_ms'"):
+    bad.write_text("kind: fitted\nname: x\nbase_ms: -1\n")
+    with pytest.raises(TunerError, match=r"bad\.yaml: field 'fitted\.base_ms'"):
         load_profile(str(bad))
     with pytest.raises(TunerError, match="no shipped profile"):
         load_profile("no-such-profile")

@@ -52,3 +52,8 @@ SAMPLE_DESCRIPTION = "4 minutes of the Mooncake conversation trace, at 0.3× its
 def report_path(study: str) -> Path:
     """Where ``tune run`` and ``tune report`` write a study's HTML report by default."""
     return Path(f"{study}-report.html")
+
+
+GPU_MEMORY_UTILIZATION = 0.92
+"""vLLM's default ``gpu_memory_utilization`` (``CacheConfig``; 0.9 before vLLM 0.22): the
+share of GPU memory a simulated server's KV pool is sized from."""

@@ -21,6 +21,7 @@ from prefill_tuner.cli.listing_cmd import studies_command, trials_command
 from prefill_tuner.cli.nightly_cmd import nightly_command
 from prefill_tuner.cli.options import finite_floats
 from prefill_tuner.cli.plan_cmd import plan_command
+from prefill_tuner.cli.profile_cmd import profile_command
 from prefill_tuner.cli.report_cmd import report_command
 from prefill_tuner.cli.results_cmd import export_command, pareto_command
 from prefill_tuner.cli.run_cmd import run_command
@@ -59,6 +60,7 @@ app.command("simulate")(simulate_command)
 app.command("calibrate")(calibrate_command)
 app.command("diagnose")(diagnose_command)
 app.command("verify")(verify_command)
+app.command("profile")(profile_command)
 app.command("tiny-model")(tiny_model_command)
 for _command in (*app.registered_commands, *trace_app.registered_commands):
     if _command.callback is not None:

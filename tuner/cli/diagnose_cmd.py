@@ -13,6 +13,7 @@ import typer
 from prefill_tuner import defaults
 from prefill_tuner.cli.display import output_console
 from prefill_tuner.cli.options import (
+    HARDWARE,
     REAL_SERVER,
     SIM_CONFIG,
     TRACE,
@@ -27,13 +28,13 @@ from prefill_tuner.cli.stored import open_stored
 from prefill_tuner.diagnosis import Finding, RunView, diagnose, logged_view, simulated_view
 from prefill_tuner.diagnosis.runs import trial_view
 from prefill_tuner.engines.factory import EngineOptions, build_engine
-from prefill_tuner.engines.sim import load_profile
+from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace import load_trace
 from prefill_tuner.trace.model import Trace
 
 
-@with_options(engine=SIM_CONFIG, trace=TRACE, real=REAL_SERVER)
+@with_options(engine=SIM_CONFIG, trace=TRACE, real=REAL_SERVER, hardware=HARDWARE)
 def diagnose_command(
     study_name: Annotated[
         str | None, typer.Option("--study", help="Diagnose a trial of this study.")
@@ -55,9 +56,6 @@ def diagnose_command(
             "LABEL.steps.jsonl) with the scheduler flags below as its settings.",
         ),
     ] = None,
-    profile: Annotated[
-        str, typer.Option("--profile", help="Step-time profile (with --trace).")
-    ] = defaults.PROFILE,
     engine_name: Annotated[
         str,
         typer.Option(
@@ -72,6 +70,7 @@ def diagnose_command(
     engine: SimSettings,
     trace: TraceChoice,
     real: EngineOptions,
+    hardware: ProfileSpec,
 ) -> None:
     """Name what a run shows (spikes, prefill starvation, KV thrashing, admission stalls,
     fragmented steps), with its evidence and the knob to move."""
@@ -95,7 +94,7 @@ def diagnose_command(
         view = _replayed(requests, engine.settings, dataclasses.replace(real, model=model))
         what = f"{trace_file}, replayed on {model}"
     else:
-        engine_profile = load_profile(profile)
+        engine_profile = hardware.step_model(model, engine.settings.get("max_model_len"))
         config = engine.config(engine_profile)
         if steps_file is not None:
             view = logged_view(steps_file, config.model_dump())

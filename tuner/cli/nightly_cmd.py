@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -35,7 +34,7 @@ from prefill_tuner.cli.options import (
     TraceChoice,
     with_options,
 )
-from prefill_tuner.engines.factory import EngineOptions, build_engine, given_profile
+from prefill_tuner.engines.factory import EngineOptions, build_engine, given_profile, serving
 from prefill_tuner.nightly.job import NightlyJob
 from prefill_tuner.nightly.retune import NightlyOutcome, retune
 from prefill_tuner.stopping import stop_signals
@@ -112,7 +111,8 @@ def nightly_command(
     incumbent beyond noise. Exit code 0: kept; 3: promoted (new serve lines); 4: nothing
     meets the SLOs; 2: bad input; 130: interrupted."""
     err = error_console()
-    with closing(build_engine(dataclasses.replace(engine, model=model))) as trial_engine:
+    engine = serving(engine, model)
+    with closing(build_engine(engine, space.fixed)) as trial_engine:
         plan = build_plan(
             trial_engine,
             trace.at(trace_file),
@@ -120,7 +120,7 @@ def nightly_command(
             slos=slo,
             name=study,
             storage_url=storage,
-            model=model,
+            model=engine.model,
             trials=trials,
             error_budget=error_budget,
             seed=seed,
@@ -134,7 +134,7 @@ def nightly_command(
             min_gain=min_gain,
             deadline_s=deadline,
             verify=verify,
-            screen_profile=given_profile(engine) if screen else None,
+            screen_profile=given_profile(engine, space.fixed) if screen else None,
             html_report=not no_report,
         )
         store = TunerStore(storage)  # a damaged storage fails before the first trial

@@ -28,6 +28,7 @@ from prefill_tuner.cli.fields import flag_of, help_of
 from prefill_tuner.engines.factory import EngineOptions
 from prefill_tuner.engines.sim.config import SimConfig, resolve_config
 from prefill_tuner.engines.sim.cost_model import StepModel
+from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.space import MAX_ENGINE_INT
 from prefill_tuner.storage.store import check_storage_url
@@ -154,19 +155,98 @@ class OptionGroup:
     build: Callable[..., Any]
 
 
+def _hardware_help(field: str) -> str:
+    return help_of(ProfileSpec, field)
+
+
+HARDWARE_PANEL = "Simulated hardware"
+_HARDWARE = (
+    _param(
+        "profile",
+        Annotated[
+            str | None,
+            _option(
+                "--profile",
+                _hardware_help("profile"),
+                HARDWARE_PANEL,
+                show_default=defaults.PROFILE,
+            ),
+        ],
+        None,
+    ),
+    _param(
+        "model_config",
+        Annotated[
+            str | None, _option("--model-config", _hardware_help("model_config"), HARDWARE_PANEL)
+        ],
+        None,
+    ),
+    _param(
+        "gpu", Annotated[str | None, _option("--gpu", _hardware_help("gpu"), HARDWARE_PANEL)], None
+    ),
+    _param(
+        "tp",
+        Annotated[int, _option("--tp", _hardware_help("tp"), HARDWARE_PANEL, min=1, max=64)],
+        1,
+    ),
+    _param(
+        "dtype",
+        Annotated[str, _option("--dtype", _hardware_help("dtype"), HARDWARE_PANEL)],
+        "bf16",
+    ),
+    _param(
+        "kv_cache_dtype",
+        Annotated[
+            str, _option("--kv-cache-dtype", _hardware_help("kv_cache_dtype"), HARDWARE_PANEL)
+        ],
+        "auto",
+    ),
+    _param(
+        "gpu_memory_utilization",
+        Annotated[
+            float,
+            _option(
+                "--gpu-memory-utilization",
+                _hardware_help("gpu_memory_utilization"),
+                HARDWARE_PANEL,
+                min=0.01,
+                max=1,
+            ),
+        ],
+        defaults.GPU_MEMORY_UTILIZATION,
+    ),
+)
+
+
+def _profile_spec(**values: Any) -> ProfileSpec:
+    for name, allowed in (("dtype", ("bf16", "fp8")), ("kv_cache_dtype", ("auto", "bf16", "fp8"))):
+        if values[name] not in allowed:
+            raise TunerError(
+                f"{flag_of(name)}: expected {' or '.join(allowed)}, got {values[name]!r}"
+            )
+    spec = ProfileSpec(**values)
+    spec.check()  # before a trace is read
+    return spec
+
+
+HARDWARE = OptionGroup(params=_HARDWARE, build=_profile_spec)
+"""The simulator's hardware: ``--profile``, or a profile built from measured kernels
+(``--gpu`` with ``--model``/``--model-config``, ``--tp``, ``--dtype``, ...)."""
+
+
 def _engine_options(
     engine: str,
-    profile: str,
     vllm_python: str | None,
     serve_cmd: str | None,
     server_arg: list[str] | None,
     server_env: list[str] | None,
     log_dir: Path | None,
     hang_timeout: float | None,
+    **hardware: Any,
 ) -> EngineOptions:
     return EngineOptions(
         engine=engine,
-        profile=profile,
+        hardware=_profile_spec(**hardware) if hardware else ProfileSpec(),
         vllm_python=vllm_python,
         serve_cmd=serve_cmd,
         server_args=tuple(server_arg or ()),
@@ -176,121 +256,92 @@ def _engine_options(
     )
 
 
-def _engine_help(field: str, real: bool = False) -> str:
-    """An engine option's help: its :class:`EngineOptions` field's; a real server's own
-    options say so first."""
+def _engine_help(field: str) -> str:
+    """A real server's own option's help: its :class:`EngineOptions` field's, saying so
+    first."""
     text = help_of(EngineOptions, field)
-    if not real:
-        return text
     if text[1:2].islower():  # a sentence's capital, not a name's (KEY=VALUE)
         text = text[0].lower() + text[1:]
     return f"--engine vllm: {text}"
 
 
+_REAL_SERVER = (
+    _param(
+        "vllm_python",
+        Annotated[
+            str | None,
+            _option("--vllm-python", _engine_help("vllm_python"), ENGINE_PANEL),
+        ],
+        None,
+    ),
+    _param(
+        "serve_cmd",
+        Annotated[str | None, _option("--serve-cmd", _engine_help("serve_cmd"), ENGINE_PANEL)],
+        None,
+    ),
+    _param(
+        "server_arg",
+        Annotated[
+            list[str] | None, _option("--server-arg", _engine_help("server_args"), ENGINE_PANEL)
+        ],
+        None,
+    ),
+    _param(
+        "server_env",
+        Annotated[
+            list[str] | None, _option("--server-env", _engine_help("server_env"), ENGINE_PANEL)
+        ],
+        None,
+    ),
+    _param(
+        "log_dir",
+        Annotated[
+            Path | None,
+            _option(
+                "--log-dir",
+                _engine_help("log_dir"),
+                ENGINE_PANEL,
+                show_default=str(defaults.LOG_DIR),
+            ),
+        ],
+        None,
+    ),
+    _param(
+        "hang_timeout",
+        Annotated[
+            float | None,
+            _option(
+                "--hang-timeout",
+                _engine_help("hang_timeout_s"),
+                ENGINE_PANEL,
+                min=1,
+                show_default=f"{defaults.HANG_TIMEOUT_S:g}",
+            ),
+        ],
+        None,
+    ),
+)
+
 ENGINE = OptionGroup(
     params=(
         _param(
             "engine",
-            Annotated[str, _option("--engine", _engine_help("engine"), ENGINE_PANEL)],
+            Annotated[str, _option("--engine", help_of(EngineOptions, "engine"), ENGINE_PANEL)],
             "sim",
         ),
-        _param(
-            "profile",
-            Annotated[
-                str,
-                _option(
-                    "--profile",
-                    _engine_help("profile"),
-                    ENGINE_PANEL,
-                ),
-            ],
-            defaults.PROFILE,
-        ),
-        _param(
-            "vllm_python",
-            Annotated[
-                str | None,
-                _option("--vllm-python", _engine_help("vllm_python", real=True), ENGINE_PANEL),
-            ],
-            None,
-        ),
-        _param(
-            "serve_cmd",
-            Annotated[
-                str | None,
-                _option(
-                    "--serve-cmd",
-                    _engine_help("serve_cmd", real=True),
-                    ENGINE_PANEL,
-                ),
-            ],
-            None,
-        ),
-        _param(
-            "server_arg",
-            Annotated[
-                list[str] | None,
-                _option(
-                    "--server-arg",
-                    _engine_help("server_args", real=True),
-                    ENGINE_PANEL,
-                ),
-            ],
-            None,
-        ),
-        _param(
-            "server_env",
-            Annotated[
-                list[str] | None,
-                _option(
-                    "--server-env",
-                    _engine_help("server_env", real=True),
-                    ENGINE_PANEL,
-                ),
-            ],
-            None,
-        ),
-        _param(
-            "log_dir",
-            Annotated[
-                Path | None,
-                _option(
-                    "--log-dir",
-                    _engine_help("log_dir", real=True),
-                    ENGINE_PANEL,
-                    show_default=str(defaults.LOG_DIR),
-                ),
-            ],
-            None,
-        ),
-        _param(
-            "hang_timeout",
-            Annotated[
-                float | None,
-                _option(
-                    "--hang-timeout",
-                    _engine_help("hang_timeout_s", real=True),
-                    ENGINE_PANEL,
-                    min=1,
-                    show_default=f"{defaults.HANG_TIMEOUT_S:g}",
-                ),
-            ],
-            None,
-        ),
+        *_HARDWARE,
+        *_REAL_SERVER,
     ),
     build=_engine_options,
 )
-"""``--engine`` and the options of the engine it names."""
+"""``--engine``, the simulated hardware and the options of a real server."""
 
 
 def _real_server_options(**values: Any) -> EngineOptions:
-    return _engine_options(engine="vllm", profile=defaults.PROFILE, **values)
+    return _engine_options(engine="vllm", **values)
 
 
-REAL_SERVER = OptionGroup(
-    params=tuple(param for param in ENGINE.params if param.name not in ("engine", "profile")),
-    build=_real_server_options,
-)
+REAL_SERVER = OptionGroup(params=_REAL_SERVER, build=_real_server_options)
 """The real engine's options alone (``tune calibrate`` starts a server, never a simulator)."""
 
 

@@ -18,6 +18,7 @@ from prefill_tuner.cli.display import (
     quiet_optuna,
 )
 from prefill_tuner.cli.options import (
+    HARDWARE,
     MAX_TRIALS,
     SPACE,
     TRACE,
@@ -31,7 +32,7 @@ from prefill_tuner.cli.options import (
     with_options,
 )
 from prefill_tuner.cli.tables import render_summary
-from prefill_tuner.engines.sim.cost_model import load_profile
+from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.engines.sim.routing import ROUTERS
 from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.errors import TunerError
@@ -59,7 +60,7 @@ MAX_REPLICAS = 1024
 """The most replicas ``--max-replicas`` takes (each is simulated)."""
 
 
-@with_options(trace=TRACE, space=SPACE)
+@with_options(trace=TRACE, space=SPACE, hardware=HARDWARE)
 def plan_command(
     slo: SloOpt,
     trace_file: SampledTraceOpt = defaults.SAMPLE_TRACE,
@@ -87,10 +88,6 @@ def plan_command(
             "SLOs; the answer's study runs them all to find the best settings.",
         ),
     ] = defaults.PLAN_TRIALS,
-    profile: Annotated[
-        str,
-        typer.Option("--profile", help="Simulator step-time profile (name or file)."),
-    ] = defaults.PROFILE,
     model: ModelOpt = defaults.MODEL,
     study_name: Annotated[
         str | None,
@@ -106,6 +103,7 @@ def plan_command(
     *,
     trace: TraceChoice,
     space: SpaceSpec,
+    hardware: ProfileSpec,
 ) -> None:
     """Find the fewest replicas (behind a router, on the simulator) whose scheduler settings
     meet the SLOs, and those settings. Exit code 0: found; 4: not within --max-replicas;
@@ -113,7 +111,8 @@ def plan_command(
     err = error_console()
     if router not in ROUTERS:  # before the trace is read
         raise TunerError(f"--router {router!r}: expected one of {', '.join(ROUTERS)}")
-    step_model = load_profile(profile)
+    model = hardware.serve_name(model)
+    step_model = hardware.step_model(model, space.fixed.get("max_model_len"))
     plan = build_plan(
         SimEngine(step_model),
         trace.at(trace_file),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from collections.abc import Callable
 from contextlib import closing
@@ -42,7 +41,7 @@ from prefill_tuner.cli.options import (
     with_options,
 )
 from prefill_tuner.cli.tables import render_summary
-from prefill_tuner.engines.factory import EngineOptions, build_engine, given_profile
+from prefill_tuner.engines.factory import EngineOptions, build_engine, given_profile, serving
 from prefill_tuner.files import check_output
 from prefill_tuner.output.documents import stored_summary_document
 from prefill_tuner.stopping import stop_signals
@@ -125,8 +124,8 @@ def run_command(
     Exit code 0: settings meet the SLOs; 4: no trial met them; 2: bad input; 130:
     interrupted (the same command resumes)."""
     err = error_console()
-    bundled = trace_file == defaults.SAMPLE_TRACE
-    with closing(build_engine(dataclasses.replace(engine, model=model))) as trial_engine:
+    engine = serving(engine, model)
+    with closing(build_engine(engine, space.fixed)) as trial_engine:
         plan = build_plan(
             trial_engine,
             trace.at(trace_file),
@@ -136,7 +135,7 @@ def run_command(
             objective_mode=objective,
             sampler=sampler,
             storage_url=storage,
-            model=model,
+            model=engine.model,
             trials=trials,
             error_budget=error_budget,
             timeout_s=timeout,
@@ -146,20 +145,21 @@ def run_command(
             screen_trials=screen,
             rule_trials=rule_trials,
         )
-        report_path = None
-        if not (no_report or create_only):
-            report_path = report or defaults.report_path(plan.name)
-            # Before any trial: a report that cannot be written, or would replace an input.
-            check_output(report_path, [trace_file, *inputs_of(storage)])
+        wanted = not (no_report or create_only)
+        report_path = (
+            _report_path(report, plan, [trace_file, *inputs_of(storage)]) if wanted else None
+        )
         store = TunerStore(storage)  # a damaged storage fails before the first trial
         quiet_optuna()
         session = TuningSession(
-            plan, trial_engine, store, sorted_trace=trace.sort, given_profile=given_profile(engine)
+            plan,
+            trial_engine,
+            store,
+            sorted_trace=trace.sort,
+            given_profile=given_profile(engine, space.fixed),
         )
         with session:  # a mismatched resume, or one another process runs, fails here
-            if bundled:
-                err.print(f"no --trace given: {SAMPLE_WORDS}", soft_wrap=True)
-            where = "the bundled sample" if bundled else str(trace_file)
+            where = _trace_words(trace_file, err)
             outside = baseline_outside(plan, trial_engine)
             print_study_header(err, plan, where, trial_engine, outside)
             if create_only:
@@ -189,6 +189,22 @@ SAMPLE_WORDS = (
     f"tuning on the bundled sample ({defaults.SAMPLE_DESCRIPTION}); give --trace FILE to "
     "tune on your own traffic"
 )
+
+
+def _trace_words(trace_file: Path, err: Console) -> str:
+    """How the header names the trace; the bundled sample is said to be one."""
+    if trace_file != defaults.SAMPLE_TRACE:
+        return str(trace_file)
+    err.print(f"no --trace given: {SAMPLE_WORDS}", soft_wrap=True)
+    return "the bundled sample"
+
+
+def _report_path(report: Path | None, plan: StudyPlan, inputs: list[Path | str]) -> Path:
+    """Where the report goes, checked before any trial: one that cannot be written, or would
+    replace an input, is refused."""
+    path = report or defaults.report_path(plan.name)
+    check_output(path, inputs)
+    return path
 
 
 def _sayer(err: Console) -> Callable[[str], None]:

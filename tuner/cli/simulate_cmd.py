@@ -11,26 +11,26 @@ import typer
 from prefill_tuner import defaults
 from prefill_tuner.cli.display import json_safe, output_console, render_sim_result
 from prefill_tuner.cli.options import (
+    HARDWARE,
     SIM_CONFIG,
     TRACE,
     JsonOpt,
+    ModelOpt,
     SimSettings,
     TraceChoice,
     with_options,
 )
-from prefill_tuner.engines.sim import load_profile, simulate
+from prefill_tuner.engines.sim import simulate
+from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.trace import load_trace
 
 
-@with_options(engine=SIM_CONFIG, trace=TRACE)
+@with_options(engine=SIM_CONFIG, trace=TRACE, hardware=HARDWARE)
 def simulate_command(
     trace_file: Annotated[Path, typer.Option("--trace", help="Trace file to replay.")],
-    profile: Annotated[
-        str,
-        typer.Option("--profile", help="Step-time profile: a shipped name or a YAML/JSON file."),
-    ] = defaults.PROFILE,
+    model: ModelOpt = defaults.MODEL,
     over_length: Annotated[
         str | None,
         typer.Option(
@@ -46,11 +46,12 @@ def simulate_command(
     *,
     engine: SimSettings,
     trace: TraceChoice,
+    hardware: ProfileSpec,
 ) -> None:
     """Replay a trace through the simulated vLLM V1 scheduler and print its latency summary."""
     if steps_out is not None:
         check_output(steps_out, [trace_file])
-    engine_profile = load_profile(profile)
+    engine_profile = hardware.step_model(model, engine.settings.get("max_model_len"))
     config = engine.config(engine_profile)
     if over_length is not None and over_length not in ("clip", "drop"):
         raise TunerError(f"--over-length: expected clip or drop, got {over_length!r}")

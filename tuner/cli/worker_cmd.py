@@ -83,7 +83,8 @@ def worker_command(
             f"study {study_name!r} runs on the {record.engine} engine: "
             f"give --engine {record.engine}"
         )
-    with closing(build_engine(dataclasses.replace(engine, model=record.model))) as trial_engine:
+    options = dataclasses.replace(engine, model=record.model)
+    with closing(build_engine(options, record.space.get("fixed"))) as trial_engine:
         plan = plan_from_record(
             record,
             storage_url=storage,

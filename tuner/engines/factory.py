@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prefill_tuner import defaults
 from prefill_tuner.engines.base import TrialEngine
+from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.errors import TunerError
 
 if TYPE_CHECKING:
@@ -27,9 +28,9 @@ class EngineOptions:
     """sim (simulator) or vllm."""
     model: str = defaults.MODEL
     """Model named in serve lines (and served, with ``engine`` vllm)."""
-    profile: str = defaults.PROFILE
-    """Simulator step-time profile (name or file); with ``engine`` vllm, the one that screens
-    (``screen_trials``) and explains a study nothing met."""
+    hardware: ProfileSpec = field(default_factory=ProfileSpec)
+    """The simulator's step-time profile: shipped, given, or built from measured kernels for
+    ``model`` on a GPU; with ``engine`` vllm, the one that screens and explains."""
     vllm_python: str | None = None
     """The Python that has vLLM (its own venv).
 
@@ -54,18 +55,26 @@ class EngineOptions:
     ``None``: ``defaults.HANG_TIMEOUT_S``."""
 
 
-def given_profile(options: EngineOptions) -> StepModel | None:
+def serving(options: EngineOptions, model: str) -> EngineOptions:
+    """The options for serving ``model`` (as ``--model`` names it): serve lines name the
+    model, or the folder of a config given without a name."""
+    return replace(options, model=options.hardware.serve_name(model))
+
+
+def given_profile(
+    options: EngineOptions, fixed: Mapping[str, Any] | None = None
+) -> StepModel | None:
     """The simulator profile the user chose, ``None`` for the shipped default: a real-engine
     study screens with it, and explains with it why nothing met the SLOs."""
-    if options.profile == defaults.PROFILE:
+    if not options.hardware.given:
         return None
-    from prefill_tuner.engines.sim.cost_model import load_profile
-
-    return load_profile(options.profile)
+    return options.hardware.step_model(options.model, (fixed or {}).get("max_model_len"))
 
 
-def build_engine(options: EngineOptions) -> TrialEngine:
-    """The trial engine the options name; a real engine probes vLLM once here."""
+def build_engine(options: EngineOptions, fixed: Mapping[str, Any] | None = None) -> TrialEngine:
+    """The trial engine the options name; a real engine probes vLLM once here. ``fixed``: the
+    settings the study fixes, if known (a profile built from measured kernels sizes its KV pool
+    to hold one request of their ``max_model_len``, as vLLM checks)."""
     if options.engine == "sim":
         real_only = [
             flag
@@ -82,12 +91,12 @@ def build_engine(options: EngineOptions) -> TrialEngine:
         if real_only:
             raise TunerError(
                 f"{real_only[0]}: only for `engine` vllm; the simulator starts no server "
-                "(give its settings with `fixed`, its hardware with `profile`)"
+                "(give its settings with `fixed`, its hardware with `profile` or `gpu`)"
             )
-        from prefill_tuner.engines.sim import load_profile
         from prefill_tuner.engines.sim.trial_engine import SimEngine
 
-        return SimEngine(load_profile(options.profile))
+        context = (fixed or {}).get("max_model_len")
+        return SimEngine(options.hardware.step_model(options.model, context))
     if options.engine == "vllm":
         from prefill_tuner.engines.real.engine import VllmEngine
 

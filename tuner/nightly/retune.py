@@ -113,7 +113,10 @@ def retune(
         enqueue_baseline(study, plan, engine)
         warm = _warm_start(study, plan, store, previous, incumbent)
         if warm:
-            say(f"warm start: {warm} configurations of the previous generation queued first")
+            say(
+                f"warm start: {warm} configuration{'s' * (warm > 1)} of the previous generation "
+                "queued first"
+            )
     timeout = None
     if nightly.deadline_s is not None:
         # Leave as much time for re-measuring the challenger as the incumbent took.

@@ -235,18 +235,24 @@ def candidates_of(store: TunerStore, simulated: str, limit: int = 0) -> list[Can
     recommended one first, then each time the one farthest (in log objective space) from
     those already chosen; then, while fewer than ``limit``, its other feasible settings in
     the recommendation's order (a front of one or two leaves the real budget to settings
-    the simulator ranks next, rather than to a sampler that knows nothing yet)."""
+    the simulator ranks next, rather than to a sampler that knows nothing yet). The engine's
+    defaults are never a candidate: the real study runs them first, as its baseline."""
     summary = summarize_stored(store, simulated)
-    front = list(summary.pareto) or list(summary.closest)
+    defaults = summary.baseline.settings if summary.baseline is not None else None
+    front = [t for t in list(summary.pareto) or list(summary.closest) if t.settings != defaults]
     if not front:
         return []
-    first = summary.recommended or front[0]
+    first = summary.recommended if summary.recommended in front else front[0]
     ordered = [first, *_spread([t for t in front if t is not first], [first], summary.objectives)]
     if len(ordered) < limit:
         limits = {slo.name: slo.limit_s for slo in parse_slos(list(summary.study.slos))}
         reference = references(summary.objectives, summary.pareto, summary.baseline, limits)
         others = sorted(
-            (t for t in store.trials(summary.study) if t.feasible and t.status == "complete"),
+            (
+                t
+                for t in store.trials(summary.study)
+                if t.feasible and t.status == "complete" and t.settings != defaults
+            ),
             key=lambda t: rank_key(t, summary.objectives, summary.directions, reference),
         )
         measured = {tuple(t.objectives.values()) for t in ordered}

@@ -10,7 +10,6 @@ from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import (
     ConstantProfile,
     FittedProfile,
-    RooflineProfile,
     StepModel,
     load_profile,
 )
@@ -21,7 +20,6 @@ __all__ = [
     "ConstantProfile",
     "FittedProfile",
     "KernelProfile",
-    "RooflineProfile",
     "SimConfig",
     "SimResult",
     "StepModel",

@@ -1,6 +1,6 @@
 """How long one engine step takes, from what the step computes.
 
-Four kinds of profile, all plain YAML or JSON files a user can supply:
+Three kinds of profile, all plain YAML or JSON files a user can supply:
 
 ``constant``
     Every step takes ``step_ms`` (for tests and for reasoning about scheduling alone).
@@ -18,16 +18,6 @@ Four kinds of profile, all plain YAML or JSON files a user can supply:
     A request reaches the scheduler ``request_latency`` after its send, and no sooner than
     ``request_interval`` after the one before it (the front end handles requests one at a
     time: a burst reaches the engine spread out).
-``roofline``
-    A step is bound either by memory traffic (weights read once per step, plus the KV cache
-    that attention reads) or by arithmetic (2 × parameters FLOPs per token, plus attention),
-    whichever is slower, plus fixed and per-request costs on the device and on the host::
-
-        memory  = (weight_bytes + kv_bytes_per_token × context tokens read) / bandwidth
-        compute = (flops_per_token × tokens + attention_flops_per_pair × query·key pairs)
-                  / effective_flops
-        step    = overhead + per_request × requests + max(memory, compute)
-                  + host + host_request × requests
 ``kernels``
     The sum of the kernels vLLM runs for the step's composition, each from measured timings
     (NVIDIA AIConfigurator's vLLM kernel tables) at the model's tensor-parallel shard, plus
@@ -81,6 +71,8 @@ class ConstantProfile(BaseModel):
 
     request_latency_s: ClassVar[float] = 0.0
     request_interval_s: ClassVar[float] = 0.0
+    serve_args: ClassVar[tuple[str, ...]] = ()
+    """The ``vllm serve`` flags of the machine a profile stands for (none: not known)."""
 
     def step_seconds(self, shape: StepShape) -> float:
         return self.step_ms / 1000.0
@@ -98,91 +90,6 @@ class ConstantProfile(BaseModel):
         with ``pairs`` query-key pairs, additive over requests and chunks: none here (a step
         takes as long whatever it prefills)."""
         return 0.0
-
-
-class RooflineProfile(BaseModel):
-    """Step time from memory traffic and arithmetic, whichever binds (see module docs)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: Literal["roofline"] = "roofline"
-    name: str
-    description: str = ""
-    overhead_ms: float = Field(ge=0)
-    """Fixed device-side cost of a step: kernel launches, sampling."""
-    per_request_us: float = Field(default=0.0, ge=0)
-    """Extra device-side cost per scheduled request (metadata, sampling)."""
-    host_ms: float = Field(default=0.0, ge=0)
-    """Host time of a step: scheduling, input preparation, output processing. A synchronous
-    engine adds it to every step; async scheduling runs it while the previous step computes."""
-    host_request_us: float = Field(default=0.0, ge=0)
-    """Host time per scheduled request."""
-    weight_bytes: float = Field(ge=0)
-    """Bytes of weights read once per step."""
-    kv_bytes_per_token: float = Field(ge=0)
-    """KV cache bytes per token: 2 × layers × kv_heads × head_dim × dtype bytes."""
-    memory_bandwidth_gbps: float = Field(gt=0)
-    """Achievable memory bandwidth, GB/s (not the datasheet peak)."""
-    flops_per_token: float = Field(ge=0)
-    """Dense FLOPs per processed token, about 2 × parameters."""
-    attention_flops_per_pair: float = Field(ge=0)
-    """Attention FLOPs per query-key pair: 4 × layers × heads × head_dim."""
-    effective_tflops: float = Field(gt=0)
-    """Achievable dense throughput, TFLOP/s (peak × a realistic utilisation)."""
-    engine_defaults: dict[str, int | float | bool] = Field(default_factory=dict)
-    """Engine settings this model on this hardware implies: ``num_gpu_blocks``,
-    ``block_size``, ``max_model_len``, and the ``vllm serve`` defaults for the GPU class."""
-    provenance: Provenance = Field(default_factory=Provenance)
-
-    request_latency_s: ClassVar[float] = 0.0
-    """The roofline counts the engine's steps only, nothing before them."""
-    request_interval_s: ClassVar[float] = 0.0
-
-    def host_seconds(self, requests: int) -> float:
-        """The host's share of a step of ``requests`` requests (``host_ms``,
-        ``host_request_us``)."""
-        return self.host_ms / 1000.0 + self.host_request_us / 1e6 * requests
-
-    def step_seconds(self, shape: StepShape) -> float:
-        tokens = shape.prefill_tokens + shape.decode_tokens
-        kv_read = shape.decode_context_tokens + shape.prefill_context_tokens
-        memory = (self.weight_bytes + self.kv_bytes_per_token * kv_read) / (
-            self.memory_bandwidth_gbps * 1e9
-        )
-        compute = (
-            self.flops_per_token * tokens
-            + self.attention_flops_per_pair * shape.prefill_attention_pairs
-        ) / (self.effective_tflops * 1e12)
-        return (
-            self.overhead_ms / 1000.0
-            + self.per_request_us / 1e6 * shape.requests
-            + max(memory, compute)
-        ) + self.host_seconds(shape.requests)
-
-    def prefill_work_seconds(self, tokens: int, pairs: int) -> float:
-        """A lower bound of the device time any schedule spends prefilling ``tokens`` tokens
-        with ``pairs`` query-key pairs, additive over requests and chunks: their arithmetic
-        (a step lasts at least its compute, which is linear in both)."""
-        return (self.flops_per_token * tokens + self.attention_flops_per_pair * pairs) / (
-            self.effective_tflops * 1e12
-        )
-
-    def decode_run_seconds(self, requests: int, first_context: int, steps: int) -> np.ndarray:
-        """Durations of ``steps`` consecutive plain decode steps of ``requests`` requests whose
-        contexts sum to ``first_context`` in the first step and grow by one token each step.
-        Same arithmetic, in the same order, as :meth:`step_seconds`."""
-        context = first_context + requests * np.arange(steps, dtype=np.float64)
-        memory = (self.weight_bytes + self.kv_bytes_per_token * context) / (
-            self.memory_bandwidth_gbps * 1e9
-        )
-        compute = (self.flops_per_token * requests + self.attention_flops_per_pair * 0) / (
-            self.effective_tflops * 1e12
-        )
-        return (
-            self.overhead_ms / 1000.0
-            + self.per_request_us / 1e6 * requests
-            + np.maximum(memory, compute)
-        ) + self.host_seconds(requests)
 
 
 FEATURES: tuple[str, ...] = (
@@ -255,6 +162,9 @@ class FittedProfile(BaseModel):
     ``max_model_len``, as it reported them."""
     provenance: Provenance = Field(default_factory=Provenance)
 
+    serve_args: ClassVar[tuple[str, ...]] = ()
+    """The server calibrated ran with its own flags, which serve lines keep as given."""
+
     @property
     def request_latency_s(self) -> float:
         return self.request_latency_ms / 1000.0
@@ -294,7 +204,7 @@ class FittedProfile(BaseModel):
 
     def decode_run_seconds(self, requests: int, first_context: int, steps: int) -> np.ndarray:
         """Durations of ``steps`` consecutive plain decode steps (see
-        :meth:`RooflineProfile.decode_run_seconds`)."""
+        :meth:`ConstantProfile.decode_run_seconds`)."""
         context = first_context + requests * np.arange(steps, dtype=np.float64)
         fixed = (
             self.base_ms
@@ -307,7 +217,7 @@ class FittedProfile(BaseModel):
         return (fixed + self.decode_context_ms * context + 0.0) / 1000.0
 
 
-StepModel = ConstantProfile | RooflineProfile | FittedProfile | KernelProfile
+StepModel = ConstantProfile | FittedProfile | KernelProfile
 """Anything the simulator can take its step times from."""
 
 

@@ -40,6 +40,7 @@ class SimEngine:
         self.version = f"{SIMULATOR_VERSION}; profile {profile.name}"
         self.capabilities = EngineCapabilities(engine="sim", version=self.version)
         self.about: tuple[str, ...] = (f"profile {profile.name}: {profile.provenance.summary()}",)
+        self.server_args = profile.serve_args  # the machine's flags in every serve line
 
     def close(self) -> None:
         """Nothing to stop: the simulator runs in this process, only during a run."""

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from prefill_tuner.defaults import GPU_MEMORY_UTILIZATION
 from prefill_tuner.engines.sim.kernels.models import ModelShape
 from prefill_tuner.engines.sim.kernels.profile import (
     Curve,
@@ -34,8 +35,6 @@ from prefill_tuner.errors import TunerError
 GIB = 1 << 30
 BLOCK_SIZE = 16
 """vLLM's KV block size on CUDA GPUs."""
-GPU_MEMORY_UTILIZATION = 0.92
-"""vLLM's default ``gpu_memory_utilization`` (``CacheConfig``; 0.9 before vLLM 0.22)."""
 ACTIVATION_BYTES = 2
 """Activations, embeddings, norms and the LM head stay bf16 at either weight dtype."""
 CUDA_GRAPH_BYTES = GIB // 2
@@ -270,6 +269,13 @@ def _decode_grid(
             ys = values[i]
             measured = ~np.isnan(ys)
             if not measured.any():
+                if i == 0:  # nothing smaller to scale from: not guessed
+                    first = next(j for j in range(batch.size) if not np.isnan(values[j]).all())
+                    raise TunerError(
+                        f"`kv_cache_dtype` {kv}: the {tables.gpu} decode attention tables "
+                        f"measure {heads} query heads per GPU with {kv_heads} KV heads "
+                        f"(head_dim {head_dim}) only from batch {_n(batch[first])}"
+                    )
                 # No point at this batch size: the smaller batch's row, in proportion.
                 values[i] = values[i - 1] * batch[i] / batch[i - 1]
                 continue
@@ -350,19 +356,19 @@ def build_kernel_profile(
     system = tables.system
     notes = _Notes()
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise TunerError(f"tp {tp!r}: a tensor-parallel size is a whole number from 1")
+        raise TunerError(f"`tp` {tp!r}: a tensor-parallel size is a whole number from 1")
     reduce_gpus = [int(g) for g in tables["allreduce.gpus"]]
     if tp > 1 and tp not in reduce_gpus:
         if tp > max(reduce_gpus):
             raise TunerError(
-                f"tp {tp}: the {gpu} tables measure all-reduce up to {max(reduce_gpus)} GPUs"
+                f"`tp` {tp}: the {gpu} tables measure all-reduce up to {max(reduce_gpus)} GPUs"
             )
         raise TunerError(
-            f"tp {tp}: the {gpu} tables measure all-reduce at "
+            f"`tp` {tp}: the {gpu} tables measure all-reduce at "
             f"{', '.join(map(str, reduce_gpus))} GPUs"
         )
     if dtype not in ("bf16", "fp8"):
-        raise TunerError(f"dtype {dtype!r}: bf16 or fp8")
+        raise TunerError(f"`dtype` {dtype!r}: bf16 or fp8")
     if not tables.has(f"gemm.{dtype}"):
         why = (
             " (A100 has no fp8 tensor cores: vLLM runs fp8 checkpoints there with weight-only "
@@ -370,29 +376,29 @@ def build_kernel_profile(
             if gpu.startswith("a100")
             else ""
         )
-        raise TunerError(f"dtype {dtype}: the {gpu} tables have no {dtype} GEMMs{why}")
+        raise TunerError(f"`dtype` {dtype}: the {gpu} tables have no {dtype} GEMMs{why}")
     if kv_cache_dtype not in _KV_DTYPES:
-        raise TunerError(f"kv_cache_dtype {kv_cache_dtype!r}: auto, bf16 or fp8")
+        raise TunerError(f"`kv_cache_dtype` {kv_cache_dtype!r}: auto, bf16 or fp8")
     kv = _KV_DTYPES[kv_cache_dtype]
     if not tables.has(f"gen.{kv}"):
-        raise TunerError(f"kv_cache_dtype {kv}: the {gpu} attention tables have no {kv} KV cache")
+        raise TunerError(f"`kv_cache_dtype` {kv}: the {gpu} attention tables have no {kv} KV cache")
     if not 0 < gpu_memory_utilization <= 1:
-        raise TunerError(f"gpu_memory_utilization {gpu_memory_utilization}: in (0, 1]")
+        raise TunerError(f"`gpu_memory_utilization` {gpu_memory_utilization}: in (0, 1]")
 
     # The shard one GPU holds (vLLM's tensor-parallel layers).
     if model.heads % tp:
         raise TunerError(
-            f"tp {tp}: {model.name}'s {model.heads} attention heads are not divisible by it "
+            f"`tp` {tp}: {model.name}'s {model.heads} attention heads are not divisible by it "
             "(vLLM requires it)"
         )
     if (model.kv_heads % tp) if model.kv_heads >= tp else (tp % model.kv_heads):
         raise TunerError(
-            f"tp {tp}: {model.name}'s {model.kv_heads} KV heads neither divide among nor "
+            f"`tp` {tp}: {model.name}'s {model.kv_heads} KV heads neither divide among nor "
             "replicate over it (vLLM requires one or the other)"
         )
     if model.intermediate % tp:
         raise TunerError(
-            f"tp {tp}: {model.name}'s MLP width {model.intermediate} is not divisible by it"
+            f"`tp` {tp}: {model.name}'s MLP width {model.intermediate} is not divisible by it"
         )
     heads = model.heads // tp
     kv_heads = max(1, model.kv_heads // tp)
@@ -494,10 +500,10 @@ def build_kernel_profile(
         or not isinstance(context_length, int)
         or context_length < 2
     ):
-        raise TunerError(f"max_model_len {max_model_len!r}: a whole number of tokens from 2")
+        raise TunerError(f"`max_model_len` {max_model_len!r}: a whole number of tokens from 2")
     if context_length > model.max_position_embeddings:
         raise TunerError(
-            f"max_model_len {context_length}: beyond {model.name}'s max_position_embeddings "
+            f"`max_model_len` {context_length}: beyond {model.name}'s max_position_embeddings "
             f"{model.max_position_embeddings} (vLLM refuses it)"
         )
     blocks = max(kv_cache_bytes, 0) // (BLOCK_SIZE * kv_bytes)
@@ -509,6 +515,11 @@ def build_kernel_profile(
             f"activations leaves {_gib(max(kv_cache_bytes, 0))} for the KV cache, and one "
             f"max_model_len ({context_length:,}-token) request needs "
             f"{_gib(needed * BLOCK_SIZE * kv_bytes)}: vLLM refuses to start"
+            + (
+                f" (`max_model_len` {(blocks - 1) * BLOCK_SIZE} would fit)"
+                if blocks > 1
+                else " (a larger `tp` or fp8 weights leave room)"
+            )
         )
 
     source = index()["source"]

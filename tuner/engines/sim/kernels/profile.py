@@ -35,6 +35,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from prefill_tuner.defaults import GPU_MEMORY_UTILIZATION
 from prefill_tuner.engines.sim.profile_base import Provenance, StepShape
 
 _SAFETY = 1.0 - 1e-9
@@ -221,6 +222,23 @@ class KernelProfile(BaseModel):
     @property
     def request_interval_s(self) -> float:
         return self.request_interval_ms / 1000.0
+
+    @property
+    def serve_args(self) -> tuple[str, ...]:
+        """The ``vllm serve`` flags of the machine this profile stands for, beside the
+        scheduler's: the tensor-parallel size, fp8 weights (quantized at load, as for the
+        bf16 checkpoints the shapes are bundled for; an fp8 checkpoint needs no flag), an fp8
+        KV cache, and a memory share other than vLLM's default."""
+        args: list[str] = []
+        if self.tp > 1:
+            args += ["--tensor-parallel-size", str(self.tp)]
+        if self.dtype == "fp8":
+            args += ["--quantization", "fp8"]
+        if self.kv_cache_dtype == "fp8":
+            args += ["--kv-cache-dtype", "fp8"]
+        if self.memory.gpu_memory_utilization != GPU_MEMORY_UTILIZATION:
+            args += ["--gpu-memory-utilization", f"{self.memory.gpu_memory_utilization:g}"]
+        return tuple(args)
 
     def host_seconds(self, requests: int) -> float:
         """The host's share of a step of ``requests`` requests (``host_ms``,

@@ -72,7 +72,7 @@ def gpu_tables(gpu: str) -> GpuTables:
     gpus = index()["gpus"]
     if gpu not in gpus:
         raise TunerError(
-            f"gpu {gpu!r}: no measured kernel tables (known: {', '.join(sorted(gpus))})"
+            f"`gpu` {gpu!r}: no measured kernel tables (known: {', '.join(sorted(gpus))})"
         )
     with np.load(DATA_DIR / f"{gpu}.npz", allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
