@@ -110,7 +110,7 @@ class TuningSession:
         if explainer is None or profile is None:
             say(
                 "whether any setting could meet these SLOs on this server: calibrate the "
-                "simulator to it (tune calibrate) and give the profile as `profile`"
+                "simulator to it (tune calibrate) and give the profile with `profile`"
             )
             return
         words = profile_words(profile)
