@@ -415,9 +415,11 @@ def section_lift() -> None:
         "ops) the running maximum over token counts of their measured sum, so that more "
         "tokens are never faster. Where a table is faster at a larger token count than at a "
         "smaller one (tile-aligned counts: the tables measure 2^k and 2^k + 1; isolated "
-        "spikes), the profile charges more than was measured. Lift = charged / measured sum "
-        "− 1 at the tables' own token counts; for Llama-3.1-8B at TP 1, the lift of a whole "
-        "step (one chunk of that many tokens, attention and overheads included).\n"
+        "spikes), the profile charges more than was measured. GEMM spikes: measured points more "
+        "than twice both their token-count neighbours, in the GPU's GEMM table. Lift = "
+        "charged / measured sum − 1 at the tables' own token counts; for Llama-3.1-8B at TP "
+        "1, the lift of a whole step (one chunk of that many tokens, attention and overheads "
+        "included).\n"
     )
     rows = []
     for gpu in known_gpus():
@@ -449,10 +451,14 @@ def section_lift() -> None:
             if not lifts:
                 continue
             share = float(np.mean(np.asarray(lifts) > 0.05))
+            grid = gpu_tables(gpu)[f"gemm.{dtype}.ms"]
+            middle, before, after = grid[:, :, 1:-1], grid[:, :, :-2], grid[:, :, 2:]
+            spikes = int(((middle > 2 * before) & (middle > 2 * after)).sum())
             rows.append(
                 [
                     gpu,
                     dtype,
+                    f"{spikes:,} of {int((~np.isnan(grid)).sum()):,}",
                     *(step_lifts or ["—"] * len(LIFT_TOKENS)),
                     f"{len(lifts):,}",
                     pct(share),
@@ -464,13 +470,14 @@ def section_lift() -> None:
             [
                 "GPU",
                 "dtype",
+                "GEMM spikes",
                 *(f"8B step lift at {t:,}" for t in LIFT_TOKENS),
                 "counts (3 models × TPs)",
                 "lifted > 5%",
                 "max lift (at)",
             ],
             rows,
-            "llrrrrrrrrl",
+            "llrrrrrrrrrl",
         )
     )
     print()
