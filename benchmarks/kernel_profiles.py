@@ -410,7 +410,7 @@ LIFT_TOKENS = (256, 512, 1024, 2048, 4096, 8192)
 def section_lift() -> None:
     """What the running maximum (more tokens never faster) charges above the measured sum."""
     print(
-        "### The measured token counts as a profile charges them\n\n"
+        "#### The measured token counts as a profile charges them\n\n"
         "A profile charges a step's token-dependent kernels (GEMMs, all-reduces, memory-bound "
         "ops) the running maximum over token counts of their measured sum, so that more "
         "tokens are never faster. Where a table is faster at a larger token count than at a "
@@ -498,7 +498,7 @@ def section_loo() -> None:
         loo_attention(tables, families)
         loo_allreduce(tables, families["allreduce"])
 
-    print("## 1. The tables' own points, leave-one-out\n")
+    print("### 1. The tables' own points, leave-one-out\n")
     print(
         "Each point predicted without its grid line (GEMMs: the whole N or K line; attention: "
         "the row of that head count, or that length / batch column; all-reduce: that message "
@@ -637,7 +637,7 @@ def section_roofline() -> None:
     profile = build_kernel_profile(
         load_model_shape("meta-llama/Llama-3.1-8B-Instruct"), "h100_sxm", 1, "bf16"
     )
-    print("## 2. Llama-3.1-8B bf16 on one H100: the kernels profile against the roofline\n")
+    print("### 2. Llama-3.1-8B bf16 on one H100: the kernels profile against the roofline\n")
     pool = int(profile.engine_defaults["num_gpu_blocks"]) * 16
     print(
         "Step times include the host's share (1.0 ms + 5 µs a request in both; async "
@@ -699,7 +699,7 @@ TP_TARGETS = (
 
 
 def section_tp() -> None:
-    print("## 3. Tensor-parallel scaling\n")
+    print("### 3. Tensor-parallel scaling\n")
     print(
         "Step times (host share included) of a 2,048-token chunk alone and of 64 decodes at "
         "4,096 tokens of context; the KV pool in tokens (vLLM's sizing at "
@@ -963,7 +963,7 @@ def vidur_attention(path: Path, profile: KernelProfile, tp: int) -> tuple[list[f
 
 
 def section_vidur(root: Path | None) -> None:
-    print("## 4. Against Vidur's measured per-operator profiles\n")
+    print("### 4. Against Vidur's measured per-operator profiles\n")
     if root is None:
         print("Not run: pass --vidur DIR (Vidur's data/profiling/compute folder, or a copy).\n")
         return
