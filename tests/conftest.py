@@ -123,3 +123,10 @@ def vllm_python() -> Path:
             pytest.fail(f"CI must run the vLLM tests: {reason}")
         pytest.skip(reason)
     return path
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts vLLM is slow too: ``-m 'not slow'`` leaves out both kinds."""
+    for item in items:
+        if item.get_closest_marker("real_engine") is not None:
+            item.add_marker(pytest.mark.slow)

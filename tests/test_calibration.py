@@ -26,7 +26,7 @@ from prefill_tuner.engines.sim import FittedProfile, SimConfig, StepRecord, load
 from prefill_tuner.engines.sim.cost_model import FEATURES, Provenance, StepShape
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace.model import Request, Trace
-from tests.sim_scenarios import random_scenario
+from tests.support.sim_scenarios import random_scenario
 from tests.test_sim_engine import assert_identical, both_ways
 
 TRUE = FittedProfile(

@@ -38,6 +38,7 @@ def _database_text(url: str) -> str:
     return "\n".join(rows)
 
 
+@pytest.mark.slow
 def test_a_password_canary_is_found_nowhere(
     tune, tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

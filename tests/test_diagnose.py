@@ -117,6 +117,7 @@ def test_a_finding_is_judged_against_the_slo_on_its_symptoms_metric(slo: str, ve
         assert spikes.knob.startswith("lower max_num_batched_tokens (now 8192)")
 
 
+@pytest.mark.slow
 def test_the_bundled_slice_defaults_spike_and_a_tiny_budget_collapses_ttft(tune) -> None:
     code, out, err = tune("diagnose", "--trace", str(defaults.SAMPLE_TRACE), "--json")
     assert code == 0, err

@@ -562,6 +562,7 @@ def test_wrapper_turns_sigterm_into_an_interrupt(
             process.kill()
 
 
+@pytest.mark.slow
 def test_a_stop_at_any_moment_of_the_start_leaves_no_tune_running(
     wrapper_env: dict[str, str], tmp_path: Path
 ) -> None:

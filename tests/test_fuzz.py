@@ -201,6 +201,7 @@ ASSIGNMENTS = {
 }
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(
     st.one_of(

@@ -61,6 +61,7 @@ def study(tune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, ob
     return {"storage": storage, "report": folder / "shown-report.html", "export": export}
 
 
+@pytest.mark.slow
 def test_the_report_renders_offline_with_every_trial_and_step(study, tmp_path: Path) -> None:
     _need_browser()
     from playwright.sync_api import sync_playwright

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from tests.test_tuning_loop import run_args, stored
 
-HANGING = Path(__file__).with_name("hanging_worker.py")
+HANGING = Path(__file__).parent / "support" / "hanging_worker.py"
 
 
 def _wait_until_inside(process: subprocess.Popen, marker: Path) -> None:

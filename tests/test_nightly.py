@@ -78,14 +78,17 @@ def check_same_trace_keeps_changed_trace_promotes(tune, traces: Path, storage: s
     assert deployed["max-num-seqs"] == third.deployed["max_num_seqs"]
 
 
+@pytest.mark.slow
 def test_same_trace_keeps_and_a_changed_trace_promotes(tune, traces: Path) -> None:
     check_same_trace_keeps_changed_trace_promotes(tune, traces, f"sqlite:///{traces / 'n.db'}")
 
 
+@pytest.mark.slow
 def test_the_same_on_postgresql(tune, traces: Path, postgres_url: str) -> None:
     check_same_trace_keeps_changed_trace_promotes(tune, traces, postgres_url)
 
 
+@pytest.mark.slow
 def test_a_new_engine_version_forces_the_incumbent_to_be_measured_again(tune, traces: Path) -> None:
     storage = f"sqlite:///{traces / 'n.db'}"
     assert nightly(tune, traces, storage, "monday")[0] == EXIT_PROMOTED
@@ -138,6 +141,7 @@ def interrupt_after(monkeypatch: pytest.MonkeyPatch, trials: int) -> None:
     monkeypatch.setattr(display.ProgressDisplay, "_trial", stop)
 
 
+@pytest.mark.slow
 def test_an_interrupted_night_is_resumed_or_superseded(
     tune,
     traces: Path,

@@ -14,6 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 import tomllib
 
 from tests.conftest import ROOT
@@ -179,6 +180,7 @@ def _run(args: list[str], cwd: Path, timeout: float = 900) -> subprocess.Complet
     return completed
 
 
+@pytest.mark.slow
 def test_wheel_installs_beside_a_top_level_storage_and_runs_the_first_command(
     tmp_path: Path,
 ) -> None:

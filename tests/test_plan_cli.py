@@ -37,6 +37,7 @@ def plan_args(trace: Path, storage: str, *extra: str) -> list[str]:
     return [*args, *extra]
 
 
+@pytest.mark.slow
 def test_plan_finds_the_fewest_replicas_and_one_less_fails(tune, bursty: Path, tmp_path) -> None:
     storage = f"sqlite:///{tmp_path / 'plan.db'}"
     code, out, err = tune(*plan_args(bursty, storage, "--json"))

@@ -14,6 +14,7 @@ import prefill_tuner
 from prefill_tuner.trace import ShapeOptions
 
 
+@pytest.mark.slow
 def test_the_docstring_example_runs_and_is_tune_run(
     tune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -57,6 +58,7 @@ def _without(value: object, study: str) -> object:
     return value
 
 
+@pytest.mark.slow
 def test_tune_run_and_tune_study_store_the_same_study(tune, tmp_path: Path) -> None:
     """The command is the library's study function: the same options give the same stored
     study (definition, trials, settings, metrics, verdicts), trial for trial."""

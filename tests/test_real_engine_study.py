@@ -204,7 +204,7 @@ def test_a_crash_and_a_hang_during_the_replay_fail_their_trials_with_reasons(
     # in the first trial and kills it (SIGKILL: a crash) in the second.
     plan = workspace / "faults"
     plan.write_text("hang\ncrash\n")
-    wrapper = f"{sys.executable} {Path(__file__).parent / 'fault_server.py'} {plan} "
+    wrapper = f"{sys.executable} {Path(__file__).parent / 'support' / 'fault_server.py'} {plan} "
     code, out, err = vllm_run(
         tune,
         workspace,
@@ -298,7 +298,7 @@ def test_secrets_files_and_failures_of_real_trials(tune, workspace: Path) -> Non
     and step trace; failures keep their causes; exports carry the user's own arguments."""
     plan = workspace / "faults"
     plan.write_text("none\nengine\n")
-    wrapper = f"{sys.executable} {Path(__file__).parent / 'fault_server.py'} {plan} "
+    wrapper = f"{sys.executable} {Path(__file__).parent / 'support' / 'fault_server.py'} {plan} "
     options = (
         "--server-arg",
         f"{KV_BYTES} --api-key {CANARY_KEY}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -56,6 +57,7 @@ def test_all_objectives_slod_is_the_setting_furthest_inside_the_slos() -> None:
     assert chosen is b
 
 
+@pytest.mark.slow
 def test_the_readme_trace_keeps_ttft_at_the_defaults_level(tune, tmp_path: Path) -> None:
     """The case found by users: with only --slo p99_tpot=50ms the recommendation turned chunked
     prefill off and p99 TTFT went from 2.5 s to 5.4 s."""

@@ -28,7 +28,7 @@ from prefill_tuner.worker.definition import plan_from_record
 from prefill_tuner.worker.loop import run_worker
 from prefill_tuner.worker.shared import SharedStudy, open_shared_study
 from tests.conftest import AZURE
-from tests.worker_support import STUDY, create_study, tiny_trace
+from tests.support.worker_support import STUDY, create_study, tiny_trace
 
 
 def test_candidates_are_the_front_recommended_first_then_spread(tune, tmp_path: Path) -> None:

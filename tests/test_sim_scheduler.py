@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from prefill_tuner.engines.sim import ConstantProfile, SimConfig, StepRecord, simulate
 from prefill_tuner.trace.model import Request, Trace
-from tests.sim_scenarios import random_scenario
+from tests.support.sim_scenarios import random_scenario
 
 ONE_SECOND = ConstantProfile(step_ms=1000.0)
 

@@ -1,8 +1,8 @@
 """The simulator schedules exactly as vLLM's own V1 scheduler does, step for step.
 
 Drives vLLM's real ``Scheduler`` class (no model, no GPU) on the same requests through
-``tests/vllm_reference.py``, in two halves over the same 300 random scenarios: the synchronous
-engine loop (as on CPU), and ``AsyncScheduler`` driven by vLLM's own
+``tests/support/vllm_reference.py``, in two halves over the same 300 random scenarios: the
+synchronous engine loop (as on CPU), and ``AsyncScheduler`` driven by vLLM's own
 ``EngineCore.step_with_batch_queue`` (async scheduling, as on GPU); in a Python that has
 vLLM: ``$TUNER_VLLM_PYTHON``, or ``.venv-vllm/bin/python`` as the README's test command
 installs it. Skipped, with the reason,
@@ -20,13 +20,13 @@ from prefill_tuner.engines.sim import ConstantProfile, SimConfig, simulate
 from prefill_tuner.engines.sim.loop import StepRecord
 from prefill_tuner.trace.model import Request, Trace
 from tests.conftest import vllm_python
-from tests.sim_crosscheck import (
+from tests.support.sim_crosscheck import (
     first_mismatch,
     run_reference,
     scenario,
     simulated_steps,
 )
-from tests.sim_scenarios import random_scenario
+from tests.support.sim_scenarios import random_scenario
 
 pytestmark = pytest.mark.real_engine  # starts vLLM (CPU build): `-m 'not real_engine'` skips
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +30,7 @@ def _linked_package(into: Path) -> None:
             (package / name.removeprefix("prefill_tuner.")).symlink_to(ROOT / folder)
 
 
+@pytest.mark.slow
 def test_the_package_type_checks(tmp_path: Path) -> None:
     _linked_package(tmp_path)
     done = subprocess.run(

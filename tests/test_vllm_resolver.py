@@ -35,6 +35,7 @@ def wait_until_ended(pid: int, timeout_s: float) -> bool:
     return not alive(pid)
 
 
+@pytest.mark.slow
 def test_one_process_probes_resolves_and_refuses(tmp_path: Path) -> None:
     model = str(write_tiny_model(tmp_path / "tiny"))
     with VllmResolver(str(vllm_python())) as resolver:
@@ -55,6 +56,7 @@ def test_one_process_probes_resolves_and_refuses(tmp_path: Path) -> None:
     assert wait_until_ended(pid, 30), "close() ends the process"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["sigkill", "sigterm", "ctrl-c"]
 )

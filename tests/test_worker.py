@@ -18,9 +18,9 @@ from optuna.trial import TrialState
 from sqlalchemy import create_engine, text
 
 from prefill_tuner.storage.store import TunerStore
-from tests.worker_support import STUDY, create_study, tiny_trace
+from tests.support.worker_support import STUDY, create_study, tiny_trace
 
-HANGING_WORKER = Path(__file__).with_name("hanging_worker.py")
+HANGING_WORKER = Path(__file__).parent / "support" / "hanging_worker.py"
 TRIALS = 40
 HEARTBEAT, GRACE = 1, 5
 """Seconds: a dead worker's trial is retried GRACE seconds after its last heartbeat."""

@@ -21,7 +21,7 @@ from prefill_tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
 from prefill_tuner.worker.definition import plan_from_record
 from prefill_tuner.worker.loop import run_worker
 from prefill_tuner.worker.shared import SharedStudy, open_shared_study, trial_id
-from tests.worker_support import STUDY, create_study, tiny_trace
+from tests.support.worker_support import STUDY, create_study, tiny_trace
 
 VALUES = [0.5, 0.02]  # p99_ttft, p99_tpot
 

@@ -1,9 +1,9 @@
 """``tune`` whose Nth simulated run never ends: a worker (or ``tune run``) for a test to kill
 mid-trial.
 
-``python tests/hanging_worker.py MARKER N worker --study ...``: the Nth engine run writes MARKER
-(the test's signal that this worker is inside a trial) and then blocks, with the trial's
-heartbeat thread still beating, until the test kills the process.
+``python tests/support/hanging_worker.py MARKER N worker --study ...``: the Nth engine run
+writes MARKER (the test's signal that this worker is inside a trial) and then blocks, with the
+trial's heartbeat thread still beating, until the test kills the process.
 
 With ``HANG_IN=ask``, it blocks instead inside Optuna's ``ask`` of its Nth trial, once the trial
 is RUNNING and before the objective has it: a stop there reaches no code of ours.

@@ -2,7 +2,7 @@
 tests/test_sim_vs_vllm.py).
 
 Builds the same requests for both (prompt token ids derived from the trace's prefix blocks, so
-prefix hits match), runs ``tests/vllm_reference.py`` in a Python that has
+prefix hits match), runs ``tests/support/vllm_reference.py`` in a Python that has
 vLLM, and compares every step's tokens per request, preemptions and finishes.
 """
 
