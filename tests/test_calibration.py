@@ -23,7 +23,7 @@ from prefill_tuner.calibration.reconstruct import rebuild_steps
 from prefill_tuner.calibration.workload import profiling_trace
 from prefill_tuner.engines.real.signals import parse_iteration_log
 from prefill_tuner.engines.sim import FittedProfile, SimConfig, StepRecord, load_profile, simulate
-from prefill_tuner.engines.sim.cost_model import FEATURES, Provenance, StepShape
+from prefill_tuner.engines.sim.cost_model import FEATURES, Provenance, StepModel, StepShape
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace.model import Request, Trace
 from tests.support.sim_scenarios import random_scenario
@@ -300,26 +300,29 @@ def test_a_calibrated_profile_names_itself(tmp_path: Path) -> None:
     assert load_profile(str(path)).provenance == profile.provenance
 
 
-def stored_trial_steps(trace: Trace, config: SimConfig, profile: FittedProfile) -> list[dict]:
-    """A simulated run's steps as a real trial keeps them: vLLM's four counts, its step timer
-    (without the host time) and the log line's time (the step's end, host time included)."""
+def stored_trial_steps(trace: Trace, config: SimConfig, profile: StepModel) -> list[dict]:
+    """A simulated (synchronous) run's steps as a real trial keeps them: vLLM's four counts,
+    its step timer (without the host time) and the log line's time (the step's end, host time
+    included)."""
     logs, _, _ = logged_steps(trace, config, profile)
     records: list[StepRecord] = []
     simulate(trace, config, profile, on_step=records.append, fast_forward=False)
-    host = profile.host_ms / 1000
     return [
         {
             **log,
-            "duration_s": step.duration_s - host,
+            "duration_s": step.duration_s - profile.host_seconds(len(step.scheduled)),
             "logged_at_s": 1.8e9 + step.start_s + step.duration_s,
         }
         for log, step in zip(logs, records, strict=True)
     ]
 
 
-def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> None:
-    """``tune calibrate --from-study``: a study whose "real" trials are the simulator with a
-    known profile (their step logs and TTFTs written as real trials keep them)."""
+def real_study(
+    tmp_path: Path, truth: StepModel, version: str = "vllm 0.32.0", model: str = "tiny"
+) -> tuple[str, Trace]:
+    """A study whose three "real" trials (budgets 256, 1,024 and 2,048) are the simulator with
+    ``truth`` (their step logs and TTFTs written as real trials keep them): its storage URL and
+    trace."""
     from datetime import datetime, timezone
 
     from prefill_tuner.storage.store import TrialRow, TunerStore
@@ -327,7 +330,6 @@ def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> Non
     from prefill_tuner.trace.shaping import ShapeOptions
     from prefill_tuner.trace.synth import MixPart, RequestClass, synthesize
 
-    truth = TRUE.model_copy(update={"host_ms": 1.0, "request_latency_ms": 8.0})
     synthetic = synthesize(
         [MixPart(RequestClass("s", 64, 120), 0.8), MixPart(RequestClass("l", 1500, 4), 0.2)],
         rate=4.0,
@@ -357,7 +359,7 @@ def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> Non
         slos=["p99_tpot=1s"],
         error_budget=0.0,
         engine="vllm",
-        model="tiny",
+        model=model,
         trace_path=str(trace_path),
         trace_sha256=trace.source.sha256,
         trace_format=trace.source.format,
@@ -380,7 +382,7 @@ def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> Non
         store.add_trial(
             record,
             "vllm",
-            "vllm 0.32.0",
+            version,
             TrialRow(
                 trial_number=number,
                 params={},
@@ -411,6 +413,14 @@ def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> Non
                 wall_s=1.0,
             ),
         )
+    return storage, trace
+
+
+def test_calibrate_from_a_study_recovers_its_engine(tmp_path: Path, tune) -> None:
+    """``tune calibrate --from-study``: a study whose "real" trials are the simulator with a
+    known profile."""
+    truth = TRUE.model_copy(update={"host_ms": 1.0, "request_latency_ms": 8.0})
+    storage, trace = real_study(tmp_path, truth)
     output = tmp_path / "profile.yaml"
     code, out, err = tune(
         "calibrate", "--from-study", "real-study", "--storage", storage, "-o", str(output)

@@ -23,14 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from prefill_tuner.calibration.fit import KINDS, StepFit, fit_steps
 from prefill_tuner.calibration.reconstruct import Scheduling, rebuild_steps
 from prefill_tuner.engines.sim.config import SimConfig
-from prefill_tuner.engines.sim.cost_model import FittedProfile, Provenance, StepShape
+from prefill_tuner.engines.sim.cost_model import FittedProfile, Provenance, StepModel, StepShape
+from prefill_tuner.engines.sim.kernels.profile import KernelProfile
 from prefill_tuner.engines.sim.loop import simulate
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
@@ -146,6 +147,48 @@ def step_samples(observed: Observed) -> tuple[list[StepShape], list[float], list
     return shapes, timers, cycles
 
 
+@dataclass(frozen=True)
+class Samples:
+    """The aligned steps of some replays, in order: what each computed, vLLM's step timer, the
+    step cycle (NaN where there is none), whether its server scheduled asynchronously; and how
+    many steps were logged in all."""
+
+    shapes: list[StepShape]
+    timers: list[float]
+    cycles: list[float]
+    logged: int
+    overlapped: list[bool] = dataclasses.field(default_factory=list)
+    """Per step: its server scheduled asynchronously (the host's share overlaps the step in
+    flight, and vLLM's step timer starts only once the next step is launched)."""
+
+    @property
+    def timed(self) -> int:
+        """Aligned steps timed line to line (the host fit's)."""
+        return int(np.isfinite(self.cycles).sum())
+
+
+def aligned_samples(observed: Sequence[Observed]) -> Samples:
+    """Every replay's aligned steps; a one-line error when too few are left to fit."""
+    samples = Samples([], [], [], sum(len(replay.steps) for replay in observed))
+    for replay in observed:
+        shapes, timers, cycles = step_samples(replay)
+        samples.shapes.extend(shapes)
+        samples.timers.extend(timers)
+        samples.cycles.extend(cycles)
+        samples.overlapped.extend([replay.config.async_scheduling] * len(shapes))
+    if len(samples.shapes) < MIN_ALIGNED_STEPS:
+        raise TunerError(
+            f"only {len(samples.shapes)} of {samples.logged} logged steps could be rebuilt "
+            f"(at least {MIN_ALIGNED_STEPS} are needed): "
+            + (
+                "the server logged no steps (was --enable-logging-iteration-details given?)"
+                if samples.logged == 0
+                else "the replays preempted or reordered too much to follow"
+            )
+        )
+    return samples
+
+
 def calibrate(
     observed: Sequence[Observed],
     *,
@@ -155,34 +198,16 @@ def calibrate(
     kv_bytes_per_token: float | None = None,
 ) -> Calibration:
     """Fit a profile to ``observed``; ``provenance`` gets the fit's held-out error."""
-    shapes: list[StepShape] = []
-    timers: list[float] = []
-    cycles: list[float] = []
-    total = 0
-    for replay in observed:
-        replay_shapes, replay_timers, replay_cycles = step_samples(replay)
-        shapes += replay_shapes
-        timers += replay_timers
-        cycles += replay_cycles
-        total += len(replay.steps)
-    if len(shapes) < MIN_ALIGNED_STEPS:
-        raise TunerError(
-            f"only {len(shapes)} of {total} logged steps could be rebuilt "
-            f"(at least {MIN_ALIGNED_STEPS} are needed): "
-            + (
-                "the server logged no steps (was --enable-logging-iteration-details given?)"
-                if total == 0
-                else "the replays preempted or reordered too much to follow"
-            )
-        )
-    fit = fit_steps(shapes, timers, cycles)
+    samples = aligned_samples(observed)
+    shapes, total = samples.shapes, samples.logged
+    fit = fit_steps(shapes, samples.timers, samples.cycles)
     error = {"median": fit.held_out.median, "p90": fit.held_out.p90}
     for kind in KINDS:
         if kind in fit.by_kind:
             error[f"{kind}_median"] = fit.by_kind[kind].median
     if fit.cycle_held_out is not None:
         error["cycle_median"] = fit.cycle_held_out.median
-    timed = int(np.isfinite(cycles).sum())
+    timed = samples.timed
     method = provenance.method or "vLLM's per-step log"
     if fit.cycle_held_out is None:
         method += " (no log times: host time between steps is not in the profile)"
@@ -202,7 +227,9 @@ def calibrate(
     )
     profile, ttft_error = fit_frontend(profile, observed)
     return Calibration(
-        replays=[_compare(profile, replay) for replay in observed if replay.records is not None],
+        replays=[
+            compare_replay(profile, replay) for replay in observed if replay.records is not None
+        ],
         profile=profile,
         fit=fit,
         steps=total,
@@ -212,7 +239,7 @@ def calibrate(
     )
 
 
-def _compare(profile: FittedProfile, replay: Observed) -> dict[str, float]:
+def compare_replay(profile: StepModel, replay: Observed) -> dict[str, float]:
     """A replay, real and simulated with ``profile``: what a user checks first."""
     result = simulate(replay.trace, replay.config, profile)
     real = summarize_run(list(replay.records or ()))
@@ -230,9 +257,11 @@ FRONTEND_REPLAYS = 6
 """The front end is fitted on at most this many replays (each try simulates them all)."""
 
 
-def fit_frontend(
-    profile: FittedProfile, observed: Sequence[Observed]
-) -> tuple[FittedProfile, float]:
+Frontended = TypeVar("Frontended", FittedProfile, KernelProfile)
+"""A profile kind with a front end to fit (``request_latency_ms``)."""
+
+
+def fit_frontend(profile: Frontended, observed: Sequence[Observed]) -> tuple[Frontended, float]:
     """The profile with the ``request_latency_ms`` that best matches the replays' TTFTs
     (bounded scalar search on the mean absolute log ratio), and the median relative TTFT
     error that leaves.
@@ -245,7 +274,7 @@ def fit_frontend(
     the profile does not model yet."""
     replays = list(observed)[:FRONTEND_REPLAYS]
 
-    def candidate(latency_ms: float) -> FittedProfile:
+    def candidate(latency_ms: float) -> Frontended:
         return profile.model_copy(update={"request_latency_ms": round(float(latency_ms), 3)})
 
     def loss(latency_ms: float) -> float:
@@ -259,9 +288,14 @@ def fit_frontend(
         loss, bounds=(0.0, max(fastest, 1.0)), method="bounded", options={"xatol": 0.05}
     )
     fitted = candidate(best.x if best.fun <= loss(0.0) else 0.0)
-    ratios = np.concatenate([_ttft_ratios(fitted, replay) for replay in observed])
-    error = float(np.median(np.abs(ratios - 1.0))) if ratios.size else math.nan
-    return fitted, error
+    return fitted, ttft_error(fitted, observed)
+
+
+def ttft_error(profile: StepModel, observed: Sequence[Observed]) -> float:
+    """The median relative TTFT error of the replays simulated with ``profile`` (per request,
+    or per stored percentile); NaN when no TTFT is known."""
+    ratios = np.concatenate([_ttft_ratios(profile, replay) for replay in observed])
+    return float(np.median(np.abs(ratios - 1.0))) if ratios.size else math.nan
 
 
 def _fastest_ttft_ms(replay: Observed) -> float:
@@ -278,7 +312,7 @@ def _fastest_ttft_ms(replay: Observed) -> float:
     return 1000.0 * min(values) if values else 0.0
 
 
-def _ttft_ratios(profile: FittedProfile, replay: Observed) -> np.ndarray:
+def _ttft_ratios(profile: StepModel, replay: Observed) -> np.ndarray:
     """Simulated / real TTFT: per request, or per stored percentile."""
     result = simulate(replay.trace, replay.config, profile)
     if replay.records is not None:

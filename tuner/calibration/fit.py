@@ -90,33 +90,29 @@ def fit_steps(
     kinds = np.array([step_kind(s) for s, ok in zip(shapes, usable, strict=True) if ok])
     if len(y_all) < 2 * len(FEATURES):
         raise ValueError(f"{len(y_all)} usable steps: too few to fit {len(FEATURES)} coefficients")
-    held = np.random.default_rng(seed).random(len(y_all)) < hold_out
+    held = held_out_mask(len(y_all), hold_out, seed)
     coefficients = _fit_relative(x_all[~held], y_all[~held])
     predicted = x_all @ coefficients
     by_kind = {
-        kind: _error(predicted[held & mask], y_all[held & mask])
+        kind: step_error(predicted[held & mask], y_all[held & mask])
         for kind in KINDS
         if (held & (mask := kinds == kind)).any()
     }
     # Host time: what the cycle adds to the step timer, per step and per request.
     timed = np.isfinite(cycle_ms)
-    host = np.zeros(2)
+    requests = x_all[:, FEATURES.index("request")]
+    fitted_host = fit_host(requests[~held], y_all[~held], cycle_ms[~held])
+    host = np.zeros(2) if fitted_host is None else np.array(fitted_host)
     cycle_error = None
-    if (timed & ~held).sum() >= 10:
-        train = timed & ~held
-        requests = x_all[:, FEATURES.index("request")]
-        host_x = np.column_stack([np.ones(len(y_all)), requests])
-        extra = cycle_ms - y_all
-        host = _fit_absolute(host_x[train], extra[train])
-        if (timed & held).any():
-            whole = predicted + host_x @ host
-            cycle_error = _error(whole[timed & held], cycle_ms[timed & held])
+    if fitted_host is not None and (timed & held).any():
+        whole = predicted + host[0] + host[1] * requests
+        cycle_error = step_error(whole[timed & held], cycle_ms[timed & held])
     return StepFit(
         coefficients_ms=dict(zip(FEATURES, coefficients.tolist(), strict=True)),
         host_ms=float(host[0]),
         host_request_ms=float(host[1]),
         train_steps=int((~held).sum()),
-        held_out=_error(predicted[held], y_all[held]),
+        held_out=step_error(predicted[held], y_all[held]),
         by_kind=by_kind,
         cycle_held_out=cycle_error,
     )
@@ -162,7 +158,61 @@ HOST_SCALE_MS = 0.5
 """Host residuals beyond half a millisecond count linearly (the log's timing jitter)."""
 
 
-def _fit_absolute(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def held_out_mask(count: int, hold_out: float = 0.2, seed: int = 0) -> np.ndarray:
+    """Which of ``count`` usable steps are held out (a random share ``hold_out``): the same
+    steps for the same count and seed, so that two fits to one log are judged alike."""
+    return np.random.default_rng(seed).random(count) < hold_out
+
+
+MIN_HOST_STEPS = 10
+"""Fewer training steps timed line to line than this fit no host time."""
+
+
+def fit_host(
+    requests: np.ndarray, timer_ms: np.ndarray, cycle_ms: np.ndarray
+) -> tuple[float, float] | None:
+    """Host time per step and per request (ms): what the gap since the previous log line
+    (``cycle_ms``, NaN where the step did not follow another at once) adds to vLLM's step timer;
+    ``None`` with fewer than :data:`MIN_HOST_STEPS` timed steps."""
+    timed = np.isfinite(cycle_ms)
+    if timed.sum() < MIN_HOST_STEPS:
+        return None
+    x = np.column_stack([np.ones(int(timed.sum())), requests[timed]])
+    host = fit_absolute(x, cycle_ms[timed] - timer_ms[timed])
+    return float(host[0]), float(host[1])
+
+
+def fit_offset(
+    known_ms: np.ndarray, requests: np.ndarray, measured_ms: np.ndarray
+) -> tuple[float, float]:
+    """Non-negative ``(per step, per request)`` milliseconds that, added to a known part of each
+    step (``known_ms``, a kernel sum), best predict ``measured_ms``: the same robust log error as
+    the step model's fit (a 3 ms decode weighs as much as a 300 ms prefill), from a non-negative
+    least-squares start on the relative residual."""
+    from scipy.optimize import least_squares, nnls
+
+    x = np.column_stack([np.ones(len(measured_ms)), np.asarray(requests, dtype=float)])
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    scaled = x / scale
+    start, _ = nnls(scaled / measured_ms[:, None], (measured_ms - known_ms) / measured_ms)
+    floor = max(float(np.median(measured_ms)) * 1e-3, 1e-9)
+
+    def relative(beta: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(known_ms + scaled @ beta, floor) / measured_ms)
+
+    solution = least_squares(
+        relative,
+        np.maximum(start, 1e-12),
+        bounds=(0.0, np.inf),
+        loss="soft_l1",
+        f_scale=ROBUST_SCALE,
+    ).x
+    per_step, per_request = solution / scale
+    return float(per_step), float(per_request)
+
+
+def fit_absolute(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative, robust least squares in absolute terms (host residuals can be negative
     where log lines were written late and early)."""
     from scipy.optimize import least_squares, nnls
@@ -177,7 +227,8 @@ def _fit_absolute(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     ).x
 
 
-def _error(predicted: np.ndarray, measured: np.ndarray) -> KindError:
+def step_error(predicted: np.ndarray, measured: np.ndarray) -> KindError:
+    """The relative error of ``predicted`` step times against ``measured`` ones."""
     if measured.size == 0:
         return KindError(0, float("nan"), float("nan"), float("nan"))
     ratio = predicted / measured - 1.0

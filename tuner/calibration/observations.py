@@ -18,9 +18,16 @@ from prefill_tuner.calibration.calibrate import (
     sim_config_of,
     today,
 )
+from prefill_tuner.calibration.refit import (
+    Refit,
+    machine_mismatches,
+    refit_kernels,
+    refuse_cpu,
+)
 from prefill_tuner.calibration.workload import CALIBRATION_THRESHOLD_SHARE, profiling_trace
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.cost_model import Provenance
+from prefill_tuner.engines.sim.kernels.profile import KernelProfile
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.metrics import RequestRecord
 from prefill_tuner.storage.models import StudyRecord
@@ -66,6 +73,48 @@ def calibrate_on_server(
     """Start one server with ``settings`` (chunked prefill on, and a low long-prefill
     threshold: see :mod:`~prefill_tuner.calibration.workload`), replay the designed workload,
     fit a profile."""
+    observed, provenance, _ = _replay_on_server(
+        engine, settings, model=model, spacing=spacing, label=label
+    )
+    return calibrate(
+        [observed],
+        name=name,
+        provenance=provenance,
+        engine_defaults=pool_of(observed.config),
+    )
+
+
+def refit_on_server(
+    engine: TrialEngine,
+    settings: dict[str, Any],
+    profile: KernelProfile,
+    *,
+    model: str,
+    name: str,
+    spacing: float = 1.0,
+    label: str = "calibration",
+) -> Refit:
+    """As :func:`calibrate_on_server`, but keep ``profile``'s measured kernels and refit only
+    its time outside kernels (:mod:`~prefill_tuner.calibration.refit`); refused, before a
+    server starts, on vLLM's CPU build."""
+    refuse_cpu(profile, engine.version)
+    observed, provenance, resolved = _replay_on_server(
+        engine, settings, model=model, spacing=spacing, label=label
+    )
+    return refit_kernels(
+        [observed],
+        profile,
+        name=name,
+        provenance=provenance,
+        warnings=machine_mismatches(profile, resolved, provenance.hardware),
+    )
+
+
+def _replay_on_server(
+    engine: TrialEngine, settings: dict[str, Any], *, model: str, spacing: float, label: str
+) -> tuple[Observed, Provenance, dict[str, Any]]:
+    """The designed workload replayed on one server: what it saw, what the calibration is
+    fitted to, and the server's resolved config."""
     budget = int(settings.get("max_num_batched_tokens") or 2048)
     settings = {
         **settings,
@@ -99,12 +148,7 @@ def calibrate_on_server(
             f"threshold {config.long_prefill_token_threshold}"
         ),
     )
-    return calibrate(
-        [observed],
-        name=name,
-        provenance=provenance,
-        engine_defaults=pool_of(config),
-    )
+    return observed, provenance, run.resolved_config
 
 
 def calibrate_from_study(
@@ -117,6 +161,58 @@ def calibrate_from_study(
     """Fit a profile to the step logs the real trials of ``study`` kept (every completed
     trial whose step trace is still on disk); the front end is fitted to their stored TTFT
     percentiles (stored trials keep no per-request token times)."""
+    trials = _study_trials(store, study)
+    if on_start is not None:
+        on_start(
+            f"fitting to the step logs of {len(trials.observed)} real trials of study {study}…"
+        )
+    return calibrate(
+        trials.observed,
+        name=name,
+        provenance=trials.provenance,
+        engine_defaults=pool_of(trials.observed[0].config),
+    )
+
+
+def refit_from_study(
+    store: TunerStore,
+    study: str,
+    profile: KernelProfile,
+    *,
+    name: str,
+    on_start: Callable[[str], None] | None = None,
+) -> Refit:
+    """As :func:`calibrate_from_study`, but keep ``profile``'s measured kernels and refit only
+    its time outside kernels (:mod:`~prefill_tuner.calibration.refit`); refused when a trial
+    ran on vLLM's CPU build."""
+    trials = _study_trials(store, study)
+    for version in trials.versions:
+        refuse_cpu(profile, version)
+    warnings = dict.fromkeys(
+        line for resolved in trials.resolved for line in machine_mismatches(profile, resolved)
+    )
+    if on_start is not None:
+        on_start(
+            f"refitting {profile.name}'s time outside kernels to the step logs of "
+            f"{len(trials.observed)} real trials of study {study}…"
+        )
+    return refit_kernels(
+        trials.observed, profile, name=name, provenance=trials.provenance, warnings=list(warnings)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _StudyTrials:
+    """What a study's real trials kept: their replays, what a calibration is fitted to, their
+    engine versions and resolved configs."""
+
+    observed: list[Observed]
+    provenance: Provenance
+    versions: list[str]
+    resolved: list[dict[str, Any]]
+
+
+def _study_trials(store: TunerStore, study: str) -> _StudyTrials:
     record = store.get_study(study)
     if record is None:
         raise TunerError(f"`from_study` {study}: no such study in {redact_url(store.url)}")
@@ -128,6 +224,7 @@ def calibrate_from_study(
     trace = _study_trace(record)
     observed: list[Observed] = []
     versions: set[str] = set()
+    resolved: list[dict[str, Any]] = []
     missing = 0
     for trial in store.trials(record):
         metrics = trial.metrics or {}
@@ -147,13 +244,12 @@ def calibrate_from_study(
             Observed(trace=trace, steps=steps, config=config, ttft_s=metrics.get("ttft_s"))
         )
         versions.add(trial.engine_version.version)
+        resolved.append(trial.resolved_config)
     if not observed:
         raise TunerError(
             f"`from_study` {study}: no completed real trial with its step trace on disk"
             + (f" ({missing} trials' step traces are gone)" if missing else "")
         )
-    if on_start is not None:
-        on_start(f"fitting to the step logs of {len(observed)} real trials of study {study}…")
     provenance = Provenance(
         kind="calibrated",
         method=f"vLLM's per-step logs of {len(observed)} trials of study {study}",
@@ -165,12 +261,7 @@ def calibrate_from_study(
         workload=f"study {study}'s trace ({Path(record.trace_path).name}, "
         f"{len(trace.requests)} requests)",
     )
-    return calibrate(
-        observed,
-        name=name,
-        provenance=provenance,
-        engine_defaults=pool_of(observed[0].config),
-    )
+    return _StudyTrials(observed, provenance, sorted(versions), resolved)
 
 
 def _study_trace(record: StudyRecord) -> Trace:

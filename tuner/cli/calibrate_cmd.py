@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -16,23 +18,54 @@ from prefill_tuner.calibration.calibrate import Calibration
 from prefill_tuner.cli.assignments import parse_assignments, parse_value
 from prefill_tuner.cli.display import error_console, json_safe, output_console
 from prefill_tuner.cli.options import (
+    HARDWARE,
+    HARDWARE_PANEL,
     REAL_SERVER,
     JsonOpt,
     ModelOpt,
+    OptionGroup,
     StorageOpt,
     with_options,
 )
 from prefill_tuner.engines.factory import EngineOptions, build_engine
+from prefill_tuner.engines.sim.cost_model import FittedProfile
+from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.storage.store import inputs_of
 from prefill_tuner.study.plan import check_study_name
 
+if TYPE_CHECKING:
+    from prefill_tuner.calibration.refit import Refit
+    from prefill_tuner.engines.base import TrialEngine
+    from prefill_tuner.engines.sim.kernels import KernelProfile
+
 CALIBRATION_SEQS = 128
 """Largest decode batch of the designed workload unless ``--max-num-seqs`` says otherwise."""
 
+REFIT_HELP = (
+    "A kernels profile (name or file) to refit: keep its measured kernels, refit only its time "
+    "outside kernels (device, host, front end) to the server (default: fit a profile from "
+    "scratch). --gpu etc. build one instead."
+)
 
-@with_options(engine=REAL_SERVER)
+
+def _refit_option(param: inspect.Parameter) -> inspect.Parameter:
+    """The hardware group's ``--profile``, with what it means here."""
+    if param.name != "profile":
+        return param
+    option = typer.Option("--profile", help=REFIT_HELP, rich_help_panel=HARDWARE_PANEL)
+    return param.replace(annotation=Annotated[str | None, option])
+
+
+REFIT = OptionGroup(
+    params=tuple(_refit_option(param) for param in HARDWARE.params), build=HARDWARE.build
+)
+"""The simulated-hardware options (``--profile``, or ``--gpu`` and the rest): a kernels
+profile whose time outside kernels the calibration refits."""
+
+
+@with_options(engine=REAL_SERVER, hardware=REFIT)
 def calibrate_command(
     output: Annotated[
         Path, typer.Option("--output", "-o", help="Write the fitted profile (YAML) here.")
@@ -94,38 +127,35 @@ def calibrate_command(
     as_json: JsonOpt = False,
     *,
     engine: EngineOptions,
+    hardware: ProfileSpec,
 ) -> None:
     """Fit the simulator's step-time profile to a real vLLM server: replay a designed
     workload on one server (--engine vllm), or reuse a study's real trials (--from-study);
-    print the fit's held-out error and write the profile for --profile."""
+    print the fit's held-out error and write the profile for --profile. With --profile (or
+    --gpu ...) a kernels profile keeps its measured kernels and only its time outside kernels
+    is refitted."""
     check_output(output, inputs_of(storage))
     err = error_console()
+
+    def say(line: str) -> None:
+        err.print(line, markup=False)
+
+    calibration: Calibration | Refit
     if from_study is not None:
         check_study_name(from_study, "--from-study")
         if engine_name is not None:
             raise TunerError("--from-study: give it alone; it starts no server (drop --engine)")
         if set_values:
             raise TunerError("--set: only with --engine vllm (--from-study starts no server)")
-        from prefill_tuner.calibration.observations import calibrate_from_study
-        from prefill_tuner.storage.store import TunerStore
-
-        store = TunerStore(storage, create=False)
-        record = store.get_study(from_study)  # calibrate_from_study says when there is none
-        calibration = calibrate_from_study(
-            store,
-            from_study,
-            name=name or profile_name(record.model if record else model),
-            on_start=lambda line: err.print(line, markup=False),
-        )
+        calibration = _from_study(from_study, storage, hardware, model, name, say)
     else:
         if engine_name != "vllm":
             raise TunerError(
                 "tune calibrate: give --engine vllm (start a server and replay a designed "
                 "workload) or --from-study NAME (reuse a study's real trials)"
             )
-        from prefill_tuner.calibration.observations import calibrate_on_server
-
         fixed = _fixed_settings(set_values)
+        base = _refitted(hardware, model, fixed.get("max_model_len"))  # before vLLM is probed
         trial_engine = build_engine(dataclasses.replace(engine, model=model))
         fixed = trial_engine.validate_fixed(fixed)  # vLLM's parser, before a server starts
         settings = {**trial_engine.default_settings(), **fixed, "max_num_seqs": max_num_seqs}
@@ -134,25 +164,95 @@ def calibrate_command(
         settings["max_num_batched_tokens"] = max(
             settings.get("max_num_batched_tokens") or max_num_seqs, max_num_seqs
         )
-        err.print(
-            f"calibrating {model} on {trial_engine.version}: one server "
-            f"(budget {settings['max_num_batched_tokens']}, up to {max_num_seqs} sequences), "
-            f"the designed workload (about {60 * spacing:.0f} s)…",
-            markup=False,
-        )
-        calibration = calibrate_on_server(
-            trial_engine, settings, model=model, name=name or profile_name(model), spacing=spacing
-        )
+        calibration = _on_server(trial_engine, settings, base, model, name, spacing, say)
     with atomic_text(output) as stream:
-        yaml.safe_dump(
-            calibration.profile.model_dump(mode="json"), stream, sort_keys=False, width=88
-        )
+        if isinstance(calibration.profile, FittedProfile):
+            yaml.safe_dump(
+                calibration.profile.model_dump(mode="json"), stream, sort_keys=False, width=88
+            )
+        else:
+            stream.write(calibration.profile.yaml_text())
     if as_json:
         typer.echo(json.dumps(json_safe(report_data(calibration, output)), indent=1))
     else:
         output_console().print(
             "\n".join(report_lines(calibration, output)), crop=False, markup=False
         )
+
+
+def _refitted(
+    hardware: ProfileSpec, model: str, max_model_len: int | None = None
+) -> KernelProfile | None:
+    """The kernels profile ``--profile`` (or ``--gpu`` ...) gives, to refit; ``None`` when none
+    is given (a profile is fitted from scratch)."""
+    if not hardware.given:
+        return None
+    from prefill_tuner.engines.sim.kernels import KernelProfile
+
+    profile = hardware.step_model(model, max_model_len)
+    if not isinstance(profile, KernelProfile):
+        raise TunerError(
+            f"--profile {hardware.profile}: a {profile.kind} profile; a refit keeps a kernels "
+            "profile's measured kernels and refits its time outside kernels (tune profile, or "
+            "--gpu, builds one); without --profile, tune calibrate fits a profile from scratch"
+        )
+    return profile
+
+
+def _refit_name(profile: KernelProfile) -> str:
+    return profile.name.removesuffix("-calibrated") + "-calibrated"
+
+
+def _from_study(
+    study: str,
+    storage: str,
+    hardware: ProfileSpec,
+    model: str,
+    name: str | None,
+    say: Callable[[str], None],
+) -> Calibration | Refit:
+    """A profile fitted (or a kernels profile refitted) to a study's real trials."""
+    from prefill_tuner.calibration.observations import calibrate_from_study, refit_from_study
+    from prefill_tuner.storage.store import TunerStore
+
+    store = TunerStore(storage, create=False)
+    record = store.get_study(study)  # calibrate_from_study says when there is none
+    model = record.model if record else model
+    base = _refitted(hardware, model)
+    if base is not None:
+        return refit_from_study(store, study, base, name=name or _refit_name(base), on_start=say)
+    return calibrate_from_study(store, study, name=name or profile_name(model), on_start=say)
+
+
+def _on_server(
+    engine: TrialEngine,
+    settings: dict[str, Any],
+    base: KernelProfile | None,
+    model: str,
+    name: str | None,
+    spacing: float,
+    say: Callable[[str], None],
+) -> Calibration | Refit:
+    """A profile fitted (or ``base`` refitted) to one server replaying the designed workload."""
+    from prefill_tuner.calibration.observations import calibrate_on_server, refit_on_server
+
+    if base is not None:
+        from prefill_tuner.calibration.refit import refuse_cpu
+
+        refuse_cpu(base, engine.version)  # before the server starts
+    what = f"refitting {base.name}'s time outside kernels to" if base else "calibrating"
+    say(
+        f"{what} {model} on {engine.version}: one server "
+        f"(budget {settings['max_num_batched_tokens']}, up to {settings['max_num_seqs']} "
+        f"sequences), the designed workload (about {60 * spacing:.0f} s)…"
+    )
+    if base is not None:
+        return refit_on_server(
+            engine, settings, base, model=model, name=name or _refit_name(base), spacing=spacing
+        )
+    return calibrate_on_server(
+        engine, settings, model=model, name=name or profile_name(model), spacing=spacing
+    )
 
 
 def profile_name(model: str) -> str:
@@ -176,12 +276,14 @@ def _fixed_settings(assignments: list[str] | None) -> dict[str, Any]:
     return fixed
 
 
-def report_data(calibration: Calibration, output: Path) -> dict[str, object]:
-    """The report as JSON: the fit's errors, the step counts, the replays compared."""
+def report_data(calibration: Calibration | Refit, output: Path) -> dict[str, object]:
+    """The report as JSON: the fit's errors, the step counts, the replays compared; for a
+    refit, what the kernels profile was before (``refit``)."""
     fit = calibration.fit
-    return {
+    data: dict[str, object] = {
         "profile": str(output),
         "name": calibration.profile.name,
+        "kind": calibration.profile.kind,
         "steps": calibration.steps,
         "rebuilt": calibration.aligned,
         "cycle_steps": calibration.cycle_steps,
@@ -191,19 +293,36 @@ def report_data(calibration: Calibration, output: Path) -> dict[str, object]:
         "ttft_error": calibration.ttft_error,
         "replays": calibration.replays,
     }
+    if not isinstance(calibration, Calibration):
+        from prefill_tuner.calibration.refit import REFITTED_TERMS
+
+        given, profile = calibration.given, calibration.profile
+        data["refit"] = {
+            "given": given.name,
+            "terms": {
+                term: {"before": getattr(given, term), "after": getattr(profile, term)}
+                for term in REFITTED_TERMS
+            },
+            "host_refitted": calibration.fit.host_fitted,
+            "overlapped_steps": calibration.fit.overlapped_steps,
+            "before": calibration.fit.before.as_dict(),
+            "ttft_error_before": calibration.ttft_error_before,
+            "server_pool": calibration.server_pool,
+            "warnings": list(calibration.warnings),
+        }
+    return data
 
 
-def report_lines(calibration: Calibration, output: Path) -> list[str]:
+def report_lines(calibration: Calibration | Refit, output: Path) -> list[str]:
     """What the fit found, and how far to trust it (80 columns)."""
+    if not isinstance(calibration, Calibration):
+        return refit_lines(calibration, output)
     fit, profile = calibration.fit, calibration.profile
-    share = calibration.aligned / calibration.steps if calibration.steps else 0.0
-    lines = [
-        f"profile {profile.name} written to {output}",
-        f"  steps: {calibration.steps} logged, {calibration.aligned} rebuilt ({share:.0%}), "
-        f"{calibration.cycle_steps} timed line to line",
+    lines = [f"profile {profile.name} written to {output}", _steps_line(calibration)]
+    lines.append(
         f"  held-out step time vs vLLM's step timer ({fit.held_out.steps} steps): "
-        f"median {fit.held_out.median:.0%}, p90 {fit.held_out.p90:.0%}",
-    ]
+        f"median {fit.held_out.median:.0%}, p90 {fit.held_out.p90:.0%}"
+    )
     for kind, error in fit.by_kind.items():
         lines.append(
             f"    {kind:8} {error.steps:5} steps: median {error.median:.0%}, "
@@ -220,6 +339,79 @@ def report_lines(calibration: Calibration, output: Path) -> list[str]:
         )
     lines.append(f"  front end: {profile.request_latency_ms:.1f} ms from a send to the scheduler")
     lines.append(f"  simulated TTFT vs real: median error {calibration.ttft_error:.0%}")
+    return [*lines, *_replay_lines(calibration), f"use it: tune run --profile {output} …"]
+
+
+def refit_lines(refit: Refit, output: Path) -> list[str]:
+    """A refit's report: each error and term before and after (80 columns)."""
+    fit, given, profile = refit.fit, refit.given, refit.profile
+    before, after = fit.before, fit.after
+    lines = [
+        f"profile {profile.name} written to {output}",
+        f"  {given.name}'s measured kernels kept, its time outside kernels refitted",
+        _steps_line(refit),
+        f"  held-out step time vs vLLM's step timer ({after.held_out.steps} steps), before → "
+        f"after: median {before.held_out.median:.0%} → {after.held_out.median:.0%}, p90 "
+        f"{before.held_out.p90:.0%} → {after.held_out.p90:.0%}",
+    ]
+    if fit.overlapped_steps:
+        lines.append(
+            f"    ({fit.overlapped_steps} steps scheduled asynchronously: their timer plus the "
+            "host's share it starts after)"
+        )
+    for kind, error in after.by_kind.items():
+        was = before.by_kind[kind]
+        lines.append(
+            f"    {kind:8} {error.steps:5} steps: median {was.median:.0%} → {error.median:.0%}, "
+            f"bias {was.bias:+.0%} → {error.bias:+.0%}"
+        )
+    if before.cycle_held_out is not None and after.cycle_held_out is not None:
+        lines.append(
+            f"  whole step with host time vs log-line gaps: median "
+            f"{before.cycle_held_out.median:.0%} → {after.cycle_held_out.median:.0%}, p90 "
+            f"{before.cycle_held_out.p90:.0%} → {after.cycle_held_out.p90:.0%}"
+        )
+    lines.append(
+        f"  device, outside kernels: {given.overhead_ms:.2f} ms + {given.per_request_us:.1f} µs "
+        f"a request → {profile.overhead_ms:.2f} ms + {profile.per_request_us:.1f} µs"
+    )
+    host = (
+        f"{given.host_ms:.2f} ms + {given.host_request_us:.1f} µs a request → "
+        f"{profile.host_ms:.2f} ms + {profile.host_request_us:.1f} µs"
+        if fit.host_fitted
+        else f"{profile.host_ms:.2f} ms + {profile.host_request_us:.1f} µs a request, kept "
+        "(the log has no line times)"
+    )
+    lines.append(f"  host: {host}")
+    lines.append(
+        f"  front end: {given.request_latency_ms:.1f} → {profile.request_latency_ms:.1f} ms "
+        "from a send to the scheduler"
+    )
+    lines.append(
+        f"  simulated TTFT vs real: median error {refit.ttft_error_before:.0%} → "
+        f"{refit.ttft_error:.0%}"
+    )
+    pool = refit.server_pool
+    if pool.get("num_gpu_blocks"):
+        lines.append(
+            f"  KV pool: the server's {pool['num_gpu_blocks']} blocks of {pool['block_size']} "
+            f"tokens; the profile keeps its estimate "
+            f"({profile.engine_defaults.get('num_gpu_blocks')} blocks)"
+        )
+    lines += [f"  warning: {line}" for line in refit.warnings]
+    return [*lines, *_replay_lines(refit), f"use it: tune run --profile {output} …"]
+
+
+def _steps_line(calibration: Calibration | Refit) -> str:
+    share = calibration.aligned / calibration.steps if calibration.steps else 0.0
+    return (
+        f"  steps: {calibration.steps} logged, {calibration.aligned} rebuilt ({share:.0%}), "
+        f"{calibration.cycle_steps} timed line to line"
+    )
+
+
+def _replay_lines(calibration: Calibration | Refit) -> list[str]:
+    lines = []
     for replay in calibration.replays:
         lines.append(
             f"  replayed: real {replay['real_steps']} steps, p50 TTFT "
@@ -231,5 +423,4 @@ def report_lines(calibration: Calibration, output: Path) -> list[str]:
             f"{replay['sim_p50_ttft_s'] * 1000:.1f} ms, p50 TPOT "
             f"{replay['sim_p50_tpot_s'] * 1000:.2f} ms"
         )
-    lines.append(f"use it: tune run --profile {output} …")
     return lines

@@ -109,6 +109,10 @@ class Provenance(BaseModel):
     """Measured kernels: the shapes read beyond measured points (and by what rule)."""
     estimated: tuple[str, ...] = ()
     """Measured kernels: the terms that are not measured at all (and where they come from)."""
+    refitted: tuple[str, ...] = ()
+    """Measured kernels calibrated to a real server (``tune calibrate --profile``): each term
+    outside the kernels that was refitted, from its value before to its value after; the
+    kernels stay measured."""
 
     @model_serializer(mode="wrap")
     def _without_unused_kernel_fields(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -161,5 +165,6 @@ _KERNEL_FIELDS = (
     "interpolated",
     "extrapolated",
     "estimated",
+    "refitted",
 )
 """The :class:`Provenance` fields only a measured-kernels profile fills."""
