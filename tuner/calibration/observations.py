@@ -126,6 +126,7 @@ def calibrate_from_study(
             "needs real vLLM trials (tune run --engine vllm)"
         )
     trace = _study_trace(record)
+    limit = ShapeOptions.model_validate(record.shaping).max_concurrency
     observed: list[Observed] = []
     versions: set[str] = set()
     missing = 0
@@ -144,7 +145,13 @@ def calibrate_from_study(
         except TunerError:
             continue
         observed.append(
-            Observed(trace=trace, steps=steps, config=config, ttft_s=metrics.get("ttft_s"))
+            Observed(
+                trace=trace,
+                steps=steps,
+                config=config,
+                ttft_s=metrics.get("ttft_s"),
+                max_concurrency=limit,
+            )
         )
         versions.add(trial.engine_version.version)
     if not observed:

@@ -110,9 +110,20 @@ class SimResult:
     engine_version: str = SIMULATOR_VERSION
     busy_s: float = 0.0
     """Time the engine spent computing steps (the device's, when scheduling asynchronously)."""
+    max_concurrency: int | None = None
+    """The client's limit the run replayed under (``None``: open loop)."""
+
+    def client_waits(self, trace: Trace) -> list[float]:
+        """How long each request of ``trace`` waited at the client for a slot (its send less
+        its arrival; all 0 in an open loop)."""
+        return [
+            max(record.sent_s - request.arrival_s, 0.0)
+            for record, request in zip(self.records, trace.requests, strict=True)
+        ]
 
     def summary(self, trace: Trace) -> dict[str, object]:
         """Everything worth keeping from a run of ``trace``, JSON-ready (NaN left as is)."""
+        waits = self.client_waits(trace)
         return {
             "engine": self.engine_version,
             "profile": self.profile,
@@ -128,6 +139,9 @@ class SimResult:
             "prefix_cache_queries": self.prefix_cache_queries,
             "prefix_cache_hits": self.prefix_cache_hits,
             "stalled": self.stalled,
+            "max_concurrency": self.max_concurrency,
+            "requests_held": sum(1 for wait in waits if wait > 0),
+            "client_wait_max_s": max(waits, default=0.0),
             "wall_s": self.wall_s,
         }
 
@@ -181,6 +195,7 @@ def simulate(
         prefix_cache_hits=loop.scheduler.prefix_hits,
         stalled=loop.stalled,
         busy_s=loop.busy / NS,
+        max_concurrency=max_concurrency,
     )
 
 

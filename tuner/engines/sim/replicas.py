@@ -124,6 +124,7 @@ def simulate_replicas(
         prefix_cache_hits=sum(loop.scheduler.prefix_hits for loop in loops),
         stalled=stalled,
         busy_s=sum(loop.busy for loop in loops) / NS,
+        max_concurrency=max_concurrency,
     )
     stats = [
         ReplicaStats(
