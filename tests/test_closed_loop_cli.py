@@ -138,6 +138,10 @@ def test_diagnosis_and_the_report_simulate_a_trial_again_under_its_limit(
     for trial in store.trials(record):
         view = trial_view(record, trial)
         assert summarize_run(view.records).ttft_s == (trial.metrics or {})["ttft_s"]
+    report = tmp_path / "closed.html"
+    code, _, err = tune("report", "--study", "closed", "--storage", storage, "-o", str(report))
+    assert code == 0, err
+    assert "closed loop: at most 3 requests in flight" in report.read_text()
     code, _, err = tune(
         "plan", *BUSY, "--slo", "p99_tpot=7ms", "--trials", "2", "--max-replicas", "2",
         "--storage", storage, "--max-concurrency", "5",
