@@ -109,3 +109,29 @@ def test_bursts_raise_the_floor_and_replicas_share_the_work() -> None:
     assert one["p99_ttft"].floor_s > three.floor_s > thirty.floor_s
     # with a replica per document, only each document's own prefill remains
     assert not thirty.bursts
+
+
+@pytest.mark.parametrize("limit", [1, 4])
+def test_under_a_client_limit_the_bursts_wait_at_the_client(limit: int) -> None:
+    """Closed-loop load: a burst waits at the client, before its TTFTs begin. The burst floor
+    no longer holds (the simulated p99 TTFT is far under it); each request alone still bounds
+    every setting."""
+    trace = bursty_trace()
+    slos = tuple(parse_slos(["p99_ttft=1s", "p50_ttft=10ms"]))
+    open_loop = latency_floor(trace, H100, slos)[0]
+    assert open_loop.bursts and open_loop.floor_s > 5.0
+    floors = latency_floor(trace, H100, slos, max_concurrency=limit)
+    assert not any(floor.bursts for floor in floors)
+    rng = random.Random(limit)
+    for _ in range(4):
+        settings = {
+            "max_num_batched_tokens": rng.choice([512, 2048, 8192]),
+            "max_num_seqs": rng.choice([8, 64, 256]),
+            "long_prefill_token_threshold": rng.choice([0, 256]),
+            "async_scheduling": rng.choice([True, False]),
+        }
+        config = SimConfig(**{**H100.engine_defaults, **settings})
+        metrics = simulate(trace, config, H100, max_concurrency=limit).metrics
+        assert metrics.ttft_s["p99"] < open_loop.floor_s
+        for floor in floors:
+            assert floor.slo.value(metrics) >= floor.floor_s, (settings, floor)

@@ -211,6 +211,12 @@ def test_stopped_mid_study_reruns_the_interrupted_settings(tune, tmp_path: Path)
             "max_num_seqs: 8..64 (log scale)",
         ),
         ("--set", "max_model_len=8192", "max_model_len=4096", "--set: the study has"),
+        (
+            "--max-concurrency",
+            "4",
+            "8",
+            "--max-concurrency: the study has 4, this command gives 8",
+        ),
     ],
 )
 def test_a_resume_with_other_options_is_refused(

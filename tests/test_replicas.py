@@ -3,6 +3,7 @@ policies say."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -156,3 +157,97 @@ def test_utilisation_is_the_busy_share_of_the_run() -> None:
     single = simulate(trace, config(True), H100)
     # four replicas do at least the work of one (smaller batches are less efficient)
     assert sum(s.busy_s for s in routed.replicas) >= 0.95 * single.busy_s
+
+
+# A closed-loop client in front of the router ---------------------------------------------
+def in_flight_peak(records) -> int:
+    """The most requests in flight at once, from the records (see test_sim_engine.py)."""
+    events = sorted(
+        [(r.sent_s, 1) for r in records if r.token_times_s]
+        + [(r.token_times_s[-1], -1) for r in records if r.token_times_s]
+    )
+    peak = current = 0
+    for _, change in events:
+        current += change
+        peak = max(peak, current)
+    return peak
+
+
+def records_of(records: list) -> list[tuple[str, float, list[float], str | None]]:
+    return [(r.id, r.sent_s, list(r.token_times_s), r.error) for r in records]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("router", ROUTERS)
+def test_one_replica_under_a_client_limit_is_the_single_engine(
+    async_scheduling: bool, router: str
+) -> None:
+    trace = mixed_trace()
+    for limit in (1, 4):
+        single = simulate(trace, config(async_scheduling), H100, max_concurrency=limit)
+        one = simulate_replicas(
+            trace, config(async_scheduling), H100, replicas=1, router=router, max_concurrency=limit
+        )
+        assert records_of(one.result.records) == records_of(single.records)
+        assert one.result.steps == single.steps
+
+
+@pytest.mark.parametrize("limit", [1, 3, 9])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_client_limit_holds_over_all_replicas(async_scheduling: bool, limit: int) -> None:
+    """At most N in flight over the replicas together, requests sent in arrival order; and
+    each replica's schedule is still exactly the single engine's on what it was sent, at the
+    moments it was sent."""
+    trace = mixed_trace(seed=2)
+    open_loop = simulate_replicas(
+        trace, config(async_scheduling), H100, replicas=3, router="least-outstanding"
+    )
+    assert in_flight_peak(open_loop.result.records) > 9
+    routed = simulate_replicas(
+        trace,
+        config(async_scheduling),
+        H100,
+        replicas=3,
+        router="least-outstanding",
+        max_concurrency=limit,
+    )
+    records = routed.result.records
+    assert all(r.completed for r in records)
+    assert in_flight_peak(records) == limit
+    assert [r.sent_s for r in records] == sorted(r.sent_s for r in records)
+    assert all(r.sent_s >= q.arrival_s for r, q in zip(records, trace.requests, strict=True))
+    for replica in range(3):
+        share = Trace(
+            tuple(
+                dataclasses.replace(request, arrival_s=record.sent_s)
+                for request, record, home in zip(
+                    trace.requests, records, routed.assignment, strict=True
+                )
+                if home == replica
+            )
+        )
+        alone = simulate(share, config(async_scheduling), H100)
+        mine = [r for r, home in zip(records, routed.assignment, strict=True) if home == replica]
+        assert records_of(mine) == records_of(alone.records)
+        assert routed.replicas[replica].steps == alone.steps
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_limit_at_the_replicas_peak_changes_nothing(async_scheduling: bool) -> None:
+    trace = mixed_trace(seed=2)
+    open_loop = simulate_replicas(
+        trace, config(async_scheduling), H100, replicas=3, router="prefix-aware"
+    )
+    peak = in_flight_peak(open_loop.result.records)
+    for limit in (peak, len(trace.requests)):
+        closed = simulate_replicas(
+            trace,
+            config(async_scheduling),
+            H100,
+            replicas=3,
+            router="prefix-aware",
+            max_concurrency=limit,
+        )
+        assert closed.result.records == open_loop.result.records
+        assert closed.assignment == open_loop.assignment
+        assert closed.result.steps == open_loop.result.steps

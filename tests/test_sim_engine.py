@@ -1,7 +1,10 @@
-"""The simulation loop: fast-forwarded decode runs change nothing; time, metrics, profiles."""
+"""The simulation loop: fast-forwarded decode runs change nothing; time, metrics, profiles;
+closed-loop load (a client that keeps at most N requests in flight)."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,7 @@ from hypothesis import strategies as st
 from prefill_tuner.engines.sim import ConstantProfile, SimConfig, StepRecord, load_profile, simulate
 from prefill_tuner.engines.sim.cost_model import StepShape
 from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.metrics import summarize_run
 from prefill_tuner.trace import ShapeOptions, load_trace
 from prefill_tuner.trace.model import Request, Trace
 from tests.conftest import AZURE, MOONCAKE
@@ -20,11 +24,18 @@ from tests.support.sim_scenarios import random_scenario
 H100 = load_profile("llama-3.1-8b-h100")
 
 
-def both_ways(trace: Trace, config: SimConfig, profile=H100):
+def both_ways(trace: Trace, config: SimConfig, profile=H100, max_concurrency: int | None = None):
     runs = []
     for fast in (True, False):
         steps: list[StepRecord] = []
-        result = simulate(trace, config, profile, on_step=steps.append, fast_forward=fast)
+        result = simulate(
+            trace,
+            config,
+            profile,
+            on_step=steps.append,
+            fast_forward=fast,
+            max_concurrency=max_concurrency,
+        )
         runs.append((result, steps))
     return runs
 
@@ -35,6 +46,7 @@ def assert_identical(runs) -> None:
     assert [list(r.token_times_s) for r in fast.records] == [
         list(r.token_times_s) for r in slow.records
     ]
+    assert [r.sent_s for r in fast.records] == [r.sent_s for r in slow.records]
     assert fast.metrics == slow.metrics
     assert (fast.peak_kv_blocks, fast.preemptions) == (slow.peak_kv_blocks, slow.preemptions)
 
@@ -56,12 +68,34 @@ def test_fast_forward_is_exact_on_real_traces(async_scheduling: bool) -> None:
     assert_identical(runs)
 
 
+@pytest.mark.parametrize("limit", [1, 5, 12])
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_fast_forward_is_exact_under_a_client_limit(async_scheduling: bool, limit: int) -> None:
+    """With a closed-loop client, requests reach the engine when others finish: stepping and
+    fast-forwarding still agree exactly (sends included)."""
+    azure = load_trace(str(AZURE), options=ShapeOptions(max_requests=200))
+    mode = {"async_scheduling": async_scheduling}
+    runs = both_ways(azure, SimConfig(**{**H100.engine_defaults, **mode}), max_concurrency=limit)
+    held = zip(runs[0][0].records, azure.requests, strict=True)
+    assert any(record.sent_s > request.arrival_s for record, request in held)
+    assert_identical(runs)
+    mooncake = load_trace(
+        str(MOONCAKE), options=ShapeOptions(rate_scale=0.1, max_model_len=32768, max_requests=150)
+    )
+    config = SimConfig(
+        **{**H100.engine_defaults, "max_model_len": 32768, "num_gpu_blocks": 2500, **mode}
+    )
+    assert_identical(both_ways(mooncake, config, max_concurrency=limit))
+
+
 @settings(max_examples=80)
-@given(st.integers(0, 2**31), st.booleans())
-def test_fast_forward_is_exact_on_random_scenarios(seed: int, async_scheduling: bool) -> None:
+@given(st.integers(0, 2**31), st.booleans(), st.sampled_from([None, 1, 2, 3]))
+def test_fast_forward_is_exact_on_random_scenarios(
+    seed: int, async_scheduling: bool, limit: int | None
+) -> None:
     trace, config = random_scenario(seed, async_scheduling=async_scheduling)
-    assert_identical(both_ways(trace, config, ConstantProfile(step_ms=7.0)))
-    assert_identical(both_ways(trace, config, H100))
+    assert_identical(both_ways(trace, config, ConstantProfile(step_ms=7.0), limit))
+    assert_identical(both_ways(trace, config, H100, limit))
 
 
 @pytest.mark.parametrize(("async_scheduling", "lag"), [(False, 0), (True, 1)])
@@ -147,3 +181,134 @@ def test_profiles_load_from_files_with_clear_errors(tmp_path: Path) -> None:
     broken.write_text("kind: [unclosed\n")
     with pytest.raises(TunerError, match="cannot read the profile"):
         load_profile(str(broken))
+
+
+# Closed-loop load ---------------------------------------------------------------------------
+def in_flight_peak(records) -> int:
+    """The most requests in flight at once (sent, last token not yet delivered), from the
+    records: a request sent the moment another's last token came is not in flight with it."""
+    events = sorted(
+        [(r.sent_s, 1) for r in records if r.token_times_s]
+        + [(r.token_times_s[-1], -1) for r in records if r.token_times_s]
+    )
+    peak = current = 0
+    for _, change in events:
+        current += change
+        peak = max(peak, current)
+    return peak
+
+
+def busy_trace() -> Trace:
+    """400 Azure conversations at 4× their rate: dozens in flight at once."""
+    return load_trace(str(AZURE), options=ShapeOptions(max_requests=400, rate_scale=4))
+
+
+@pytest.mark.parametrize("limit", [1, 2, 7, 30])
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_a_client_limit_holds_the_requests_in_flight(async_scheduling: bool, limit: int) -> None:
+    """At every moment at most N requests are in flight, as the records show; requests go in
+    arrival order, none before its arrival, and one waits only while N others are in flight."""
+    trace = busy_trace()
+    config = SimConfig(**{**H100.engine_defaults, "async_scheduling": async_scheduling})
+    assert in_flight_peak(simulate(trace, config, H100).records) > 30
+    records = simulate(trace, config, H100, max_concurrency=limit).records
+    assert all(r.completed for r in records)
+    assert in_flight_peak(records) == limit
+    sent = [r.sent_s for r in records]
+    assert sent == sorted(sent)
+    finishes = sorted(r.token_times_s[-1] for r in records)
+    for index, (record, request) in enumerate(zip(records, trace.requests, strict=True)):
+        assert record.sent_s >= request.arrival_s
+        if record.sent_s > request.arrival_s:  # it waited: sent as a slot freed
+            assert record.sent_s in finishes
+            just_before = [
+                r
+                for r in records[:index]
+                if r.sent_s < record.sent_s and r.token_times_s[-1] >= record.sent_s
+            ]
+            assert len(just_before) == limit  # every slot was taken until then
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_one_request_in_flight_serialises_the_trace(async_scheduling: bool) -> None:
+    trace = busy_trace()
+    config = SimConfig(**{**H100.engine_defaults, "async_scheduling": async_scheduling})
+    records = simulate(trace, config, H100, max_concurrency=1).records
+    for earlier, later in itertools.pairwise(records):
+        assert later.sent_s >= earlier.token_times_s[-1]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_a_limit_at_the_peak_concurrency_changes_nothing(async_scheduling: bool) -> None:
+    """N at least the open loop's peak: no request ever waits, and the run is the open loop's,
+    bit for bit (every step, token and send)."""
+    trace = busy_trace()
+    config = SimConfig(**{**H100.engine_defaults, "async_scheduling": async_scheduling})
+    open_steps: list[StepRecord] = []
+    open_loop = simulate(trace, config, H100, on_step=open_steps.append)
+    peak = in_flight_peak(open_loop.records)
+    for limit in (peak, peak + 1, len(trace)):
+        steps: list[StepRecord] = []
+        closed = simulate(trace, config, H100, on_step=steps.append, max_concurrency=limit)
+        assert steps == open_steps
+        assert closed.records == open_loop.records
+        assert closed.metrics == open_loop.metrics
+    below = simulate(trace, config, H100, max_concurrency=peak - 1)
+    assert below.records != open_loop.records
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_ttft_counts_from_the_send(async_scheduling: bool) -> None:
+    """Two requests arrive together, one allowed in flight: the second is sent when the first
+    delivers its last token, and its TTFT and E2E latency count from then."""
+    trace = Trace((Request("a", 0.0, 10, 3), Request("b", 0.0, 10, 2)))
+    config = SimConfig(
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        num_gpu_blocks=64,
+        async_scheduling=async_scheduling,
+    )
+    a, b = simulate(trace, config, ConstantProfile(step_ms=10), max_concurrency=1).records
+    assert a.sent_s == 0.0 and a.token_times_s == pytest.approx([0.01, 0.02, 0.03])
+    assert b.sent_s == pytest.approx(0.03)
+    assert b.token_times_s == pytest.approx([0.04, 0.05])
+    metrics = summarize_run([a, b])
+    assert metrics.ttft_s["max"] == pytest.approx(0.01)
+    assert metrics.e2el_s["max"] == pytest.approx(0.03)
+
+
+@pytest.mark.parametrize("limit", [1, 3, 12])
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_the_engine_sees_a_held_request_as_an_arrival_at_its_send(
+    async_scheduling: bool, limit: int
+) -> None:
+    """A closed-loop run is exactly the open-loop run of the same requests arriving when the
+    client sent them: the limit only decides when requests are sent."""
+    trace = busy_trace()
+    config = SimConfig(**{**H100.engine_defaults, "async_scheduling": async_scheduling})
+    closed = simulate(trace, config, H100, max_concurrency=limit)
+    as_sent = Trace(
+        tuple(
+            dataclasses.replace(request, arrival_s=record.sent_s)
+            for request, record in zip(trace.requests, closed.records, strict=True)
+        )
+    )
+    replayed = simulate(as_sent, config, H100)
+    assert replayed.records == closed.records
+    assert replayed.steps == closed.steps
+
+
+def test_a_rejected_request_waits_its_turn_and_holds_no_slot() -> None:
+    """A request longer than max_model_len is refused at once: it is sent in its turn (after
+    the one in flight) and the next one goes at the same moment."""
+    trace = Trace(
+        (Request("a", 0.0, 10, 3), Request("long", 0.0, 100, 1), Request("b", 0.0, 10, 1))
+    )
+    config = SimConfig(
+        max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, num_gpu_blocks=64
+    )
+    a, long, b = simulate(trace, config, ConstantProfile(step_ms=10), max_concurrency=1).records
+    assert long.error is not None and long.error.startswith("rejected")
+    assert long.sent_s == b.sent_s == pytest.approx(a.token_times_s[-1])
+    assert b.completed

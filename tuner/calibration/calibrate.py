@@ -54,6 +54,9 @@ class Observed:
     """Every request's token times (a replay run now); ``None`` for a stored trial."""
     ttft_s: dict[str, float] | None = None
     """The run's TTFT percentiles (``p50``, ``p99``), for a stored trial."""
+    max_concurrency: int | None = None
+    """The client's limit the replay ran under (a stored trial of a closed-loop study: the
+    simulator replays ``trace`` under it too); ``None`` when ``trace`` holds the real sends."""
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,7 @@ def calibrate(
 
 def compare_replay(profile: StepModel, replay: Observed) -> dict[str, float]:
     """A replay, real and simulated with ``profile``: what a user checks first."""
-    result = simulate(replay.trace, replay.config, profile)
+    result = simulate(replay.trace, replay.config, profile, max_concurrency=replay.max_concurrency)
     real = summarize_run(list(replay.records or ()))
     return {
         "real_steps": len(replay.steps),
@@ -314,7 +317,7 @@ def _fastest_ttft_ms(replay: Observed) -> float:
 
 def _ttft_ratios(profile: StepModel, replay: Observed) -> np.ndarray:
     """Simulated / real TTFT: per request, or per stored percentile."""
-    result = simulate(replay.trace, replay.config, profile)
+    result = simulate(replay.trace, replay.config, profile, max_concurrency=replay.max_concurrency)
     if replay.records is not None:
         pairs = [
             (sim.token_times_s[0] - sim.sent_s, real.token_times_s[0] - real.sent_s)

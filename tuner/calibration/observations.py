@@ -222,6 +222,7 @@ def _study_trials(store: TunerStore, study: str) -> _StudyTrials:
             "needs real vLLM trials (tune run --engine vllm)"
         )
     trace = _study_trace(record)
+    limit = ShapeOptions.model_validate(record.shaping).max_concurrency
     observed: list[Observed] = []
     versions: set[str] = set()
     resolved: list[dict[str, Any]] = []
@@ -241,7 +242,13 @@ def _study_trials(store: TunerStore, study: str) -> _StudyTrials:
         except TunerError:
             continue
         observed.append(
-            Observed(trace=trace, steps=steps, config=config, ttft_s=metrics.get("ttft_s"))
+            Observed(
+                trace=trace,
+                steps=steps,
+                config=config,
+                ttft_s=metrics.get("ttft_s"),
+                max_concurrency=limit,
+            )
         )
         versions.add(trial.engine_version.version)
         resolved.append(trial.resolved_config)

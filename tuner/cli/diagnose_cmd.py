@@ -91,7 +91,8 @@ def diagnose_command(
     elif engine_name == "vllm":
         assert trace_file is not None
         requests = load_trace(str(trace_file), trace.format, sort=trace.sort, options=trace.shaping)
-        view = _replayed(requests, engine.settings, dataclasses.replace(real, model=model))
+        options = dataclasses.replace(real, model=model)
+        view = _replayed(requests, engine.settings, options, trace.shaping.max_concurrency)
         what = f"{trace_file}, replayed on {model}"
     else:
         engine_profile = hardware.step_model(model, engine.settings.get("max_model_len"))
@@ -104,7 +105,8 @@ def diagnose_command(
             requests = load_trace(
                 str(trace_file), trace.format, sort=trace.sort, options=trace.shaping
             )
-            view = simulated_view(requests, config, engine_profile)
+            limit = trace.shaping.max_concurrency
+            view = simulated_view(requests, config, engine_profile, max_concurrency=limit)
             what = f"{trace_file}, simulated"
     findings = diagnose(view)
     if as_json:
@@ -113,11 +115,14 @@ def diagnose_command(
     _print(what, view, findings)
 
 
-def _replayed(requests: Trace, settings: dict[str, Any], options: EngineOptions) -> RunView:
-    """Replay the trace on a real server with ``settings`` (to the end) and read its run."""
+def _replayed(
+    requests: Trace, settings: dict[str, Any], options: EngineOptions, limit: int | None
+) -> RunView:
+    """Replay the trace on a real server with ``settings`` (to the end, under the client's
+    ``limit``, if any) and read its run."""
     with closing(build_engine(options)) as server:
         fixed = server.validate_fixed({k: v for k, v in settings.items() if v is not None})
-        run = server.run(requests, fixed, label="diagnose")
+        run = server.run(requests, fixed, label="diagnose", max_concurrency=limit)
     if run.failure or run.records is None:
         raise TunerError(f"the replay failed: {run.failure or 'no request records'}")
     steps = (run.details.get("server_steps") or {}).get("trace")

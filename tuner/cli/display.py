@@ -91,6 +91,12 @@ def print_study_header(
         console.print(escape(f"  note: {baseline_outside_note(baseline_outside)}"), soft_wrap=True)
     for note in plan.trace.adjustments:
         console.print(escape(with_flags(f"  trace: {note}")), soft_wrap=True)
+    if plan.shaping.max_concurrency is not None:
+        console.print(
+            f"  load: closed loop, at most {plan.shaping.max_concurrency:,} requests in flight "
+            "(a request waits for a slot; its latencies count from its send)",
+            soft_wrap=True,
+        )
 
 
 class ProgressDisplay:
@@ -328,6 +334,17 @@ def render_sim_result(trace: Trace, result: SimResult, profile_note: str = "") -
         f"{metrics.duration_s:,.1f} s simulated; {metrics.request_throughput:.2f} req/s, "
         f"{metrics.output_throughput:,.0f} output tok/s",
     )
+    if result.max_concurrency is not None:
+        waits = [wait for wait in result.client_waits(trace) if wait > 0]
+        held = (
+            f"{len(waits):,} of {len(trace):,} requests waited for a slot (up to "
+            f"{max(waits):,.2f} s; their latencies count from their sends)"
+            if waits
+            else "no request waited for a slot"
+        )
+        table.add_row(
+            "client", f"closed loop, at most {result.max_concurrency:,} in flight: {held}"
+        )
     latency = summary_table(
         "ms",
         {

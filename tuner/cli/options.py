@@ -454,6 +454,25 @@ _TRACE_LENGTH = (
 )
 
 
+_TRACE_REPLAY = (
+    _param(
+        "max_concurrency",
+        Annotated[
+            int | None,
+            _option(
+                "--max-concurrency",
+                _shaping("max_concurrency"),
+                TRACE_PANEL,
+                min=1,
+                max=MAX_ENGINE_INT,
+            ),
+        ],
+        None,
+    ),
+)
+"""How a replayed trace's requests are sent (not ``tune trace``'s: it replays nothing)."""
+
+
 def _trace_input(
     format: str | None,
     sort: bool,
@@ -466,6 +485,7 @@ def _trace_input(
     classes: str | None = None,
     max_model_len: int | None = None,
     over_length: str = "clip",
+    max_concurrency: int | None = None,
 ) -> TraceChoice:
     return TraceChoice(
         format,
@@ -480,12 +500,14 @@ def _trace_input(
             dequantize=dequantize,
             jitter_seed=jitter_seed,
             classes=classes,
+            max_concurrency=max_concurrency,
         ),
     )
 
 
-TRACE = OptionGroup(params=_TRACE_READING, build=_trace_input)
-"""Reading and shaping a trace whose length limit comes from the engine (run, nightly)."""
+TRACE = OptionGroup(params=_TRACE_READING + _TRACE_REPLAY, build=_trace_input)
+"""Reading and shaping a trace whose length limit comes from the engine, and how it is
+replayed (run, nightly, plan, simulate, diagnose)."""
 TRACE_WITH_LENGTH = OptionGroup(params=_TRACE_READING + _TRACE_LENGTH, build=_trace_input)
 """Reading and shaping a trace, with a length limit of the user's (``tune trace``)."""
 
@@ -689,6 +711,7 @@ def shape_options(
     dequantize: str | None = None,
     jitter_seed: int = 0,
     classes: str | None = None,
+    max_concurrency: int | None = None,
 ) -> ShapeOptions:
     """:class:`ShapeOptions` from CLI values, as a one-line error naming the flag."""
     quantum: float | str | None = dequantize
@@ -712,6 +735,7 @@ def shape_options(
             dequantize_s=quantum,  # type: ignore[arg-type]
             jitter_seed=jitter_seed,
             classes=classes,
+            max_concurrency=max_concurrency,
         )
     except ValidationError as exc:
         first = exc.errors()[0]

@@ -61,8 +61,9 @@ def simulate_command(
             update={"max_model_len": config.max_model_len, "over_length": over_length}
         )
     requests = load_trace(str(trace_file), trace.format, sort=trace.sort, options=shaping)
+    limit = shaping.max_concurrency
     if steps_out is None:
-        result = simulate(requests, config, engine_profile)
+        result = simulate(requests, config, engine_profile, max_concurrency=limit)
     else:
         with atomic_text(steps_out, [trace_file]) as stream:
             result = simulate(
@@ -70,6 +71,7 @@ def simulate_command(
                 config,
                 engine_profile,
                 on_step=lambda step: _write_line(stream, step.as_dict()),
+                max_concurrency=limit,
             )
     if as_json:
         typer.echo(

@@ -57,7 +57,8 @@ def _trial_run(record: StudyRecord, trial: TrialRecord, trace: Trace | None) -> 
             trace, note = study_trace(record)
         if trace is None:
             raise TunerError(f"{where}: {note}")
-        return _simulated_view(trace, json.dumps(resolved, sort_keys=True))
+        limit = (record.shaping or {}).get("max_concurrency")
+        return _simulated_view(trace, json.dumps(resolved, sort_keys=True), limit)
     steps = (((trial.metrics or {}).get("details") or {}).get("server_steps") or {}).get("trace")
     if not steps or not Path(steps).is_file():
         raise TunerError(f"{where}: its server step log ({steps or 'none'}) is not on this machine")
@@ -67,23 +68,28 @@ def _trial_run(record: StudyRecord, trial: TrialRecord, trace: Trace | None) -> 
 
 
 @functools.lru_cache(maxsize=2)
-def _simulated_view(trace: Trace, resolved_json: str) -> RunView:
+def _simulated_view(trace: Trace, resolved_json: str, max_concurrency: int | None) -> RunView:
     """A simulated trial's run, kept for the next caller: ``tune run`` diagnoses the baseline
     and its report then draws it (one simulation, not two). A trial of several replicas
     (``tune plan``) shows its busiest replica's run: the replicas are routed again, and that
     replica's share of the trace simulated alone (exactly its schedule: see
-    ``engines/sim/replicas.py``)."""
+    ``engines/sim/replicas.py``), each request arriving when the client sent it (under a
+    client limit, which holds over all replicas, that may be after its arrival)."""
     resolved = json.loads(resolved_json)
     config = SimConfig(**{k: v for k, v in resolved.items() if k in SimConfig.model_fields})
     profile = profile_from_record(resolved["profile"])
     replicas, router = int(resolved.get("replicas", 1)), resolved.get("router")
     if replicas <= 1 or router is None:
-        return simulated_view(trace, config, profile)
-    routed = simulate_replicas(trace, config, profile, replicas=replicas, router=router)
+        return simulated_view(trace, config, profile, max_concurrency=max_concurrency)
+    routed = simulate_replicas(
+        trace, config, profile, replicas=replicas, router=router, max_concurrency=max_concurrency
+    )
     busiest = max(range(replicas), key=lambda index: routed.replicas[index].busy_s)
     share = tuple(
-        request
-        for request, replica in zip(trace.requests, routed.assignment, strict=True)
+        dataclasses.replace(request, arrival_s=record.sent_s)
+        for request, record, replica in zip(
+            trace.requests, routed.result.records, routed.assignment, strict=True
+        )
         if replica == busiest
     )
     served = dataclasses.replace(trace, requests=share)

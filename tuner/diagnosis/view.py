@@ -104,10 +104,12 @@ def _requests(trace: Trace, records: Sequence[RequestRecord]) -> list[RequestVie
     ]
 
 
-def simulated_view(trace: Trace, config: SimConfig, profile: StepModel) -> RunView:
-    """Simulate ``trace`` with ``config`` and keep everything the detectors use, each step's
-    prefill chunks per request included (followed from admissions, scheduled tokens and
-    preemptions)."""
+def simulated_view(
+    trace: Trace, config: SimConfig, profile: StepModel, *, max_concurrency: int | None = None
+) -> RunView:
+    """Simulate ``trace`` with ``config`` (under the client's limit, if any) and keep
+    everything the detectors use, each step's prefill chunks per request included (followed
+    from admissions, scheduled tokens and preemptions)."""
     prompts = {r.id: r.prompt_tokens for r in trace.requests}
     computed: dict[str, int] = {}
     steps: list[Step] = []
@@ -129,7 +131,7 @@ def simulated_view(trace: Trace, config: SimConfig, profile: StepModel) -> RunVi
         # Kept as a Step at once: the record's per-request dict is not needed after this.
         steps.append(sim_step(record, usable, chunks))
 
-    result = simulate(trace, config, profile, on_step=on_step)
+    result = simulate(trace, config, profile, on_step=on_step, max_concurrency=max_concurrency)
     return RunView(
         steps=steps,
         requests=_requests(trace, result.records),

@@ -105,10 +105,15 @@ class TrialEngine(Protocol):
         early_abort: EarlyAbortRule | None = None,
         *,
         label: str | None = None,
+        max_concurrency: int | None = None,
     ) -> EngineRun:
         """Replay the trace with these settings; an engine may stop early (and say so in
         :attr:`EngineRun.cut_short`) once ``early_abort`` finds the verdict certain.
-        ``label`` names the run's files (``STUDY-trial-0003``), if the engine writes any."""
+        ``label`` names the run's files (``STUDY-trial-0003``), if the engine writes any.
+        ``max_concurrency``: the client keeps at most that many requests in flight, each
+        waiting one sent when a slot frees, in arrival order, and timed from its send (the
+        trace's shaping, :attr:`ShapeOptions.max_concurrency`); ``None``: each request is sent
+        at its arrival."""
         ...
 
     def close(self) -> None:

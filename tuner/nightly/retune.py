@@ -252,7 +252,12 @@ def measure(
     abort: these runs decide what is deployed)."""
     runs = []
     for _ in range(repeats):
-        run = engine.run(plan.trace, dict(settings), label=f"{plan.name}-measure")
+        run = engine.run(
+            plan.trace,
+            dict(settings),
+            label=f"{plan.name}-measure",
+            max_concurrency=plan.shaping.max_concurrency,
+        )
         verdict = verdict_of(run, plan.slos, plan.error_budget)
         values = {
             slo.name: statistic(run.metrics, slo.name) if run.metrics else math.nan

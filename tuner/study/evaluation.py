@@ -60,14 +60,22 @@ def capacity_search(
     abort_rule: EarlyAbortRule | None = None,
     bounds: tuple[float, float] = (1 / 64, 64.0),
     label: str | None = None,
+    max_concurrency: int | None = None,
 ) -> tuple[EngineRun, Verdict, float]:
     """The highest rate multiplier of ``trace`` at which every SLO holds, by doubling or
     halving from 1× to bracket it, then bisecting (geometrically) until ``hi / lo − 1 ≤
     tolerance``. Returns the run and verdict at that multiplier; 0 when even the lowest bound
-    fails (then the run and verdict at the lowest bound)."""
+    fails (then the run and verdict at the lowest bound). ``max_concurrency``: the client's
+    limit every run replays under (the rate scales the arrivals, not the limit)."""
 
     def evaluate(multiplier: float) -> tuple[EngineRun, Verdict]:
-        run = engine.run(scale_rate(trace, multiplier), settings, abort_rule, label=label)
+        run = engine.run(
+            scale_rate(trace, multiplier),
+            settings,
+            abort_rule,
+            label=label,
+            max_concurrency=max_concurrency,
+        )
         return run, verdict_of(run, slos, error_budget)
 
     low_bound, high_bound = bounds

@@ -52,11 +52,14 @@ class RuleTrial:
 def decode_batch(plan: StudyPlan) -> float | None:
     """Requests decoding at once at the tightest TPOT limit (Little's law); ``None`` without a
     TPOT SLO or without requests. A class's TPOT limit counts too: its streams decode in the
-    same batches as everyone's, so the batch must be as fast as the tightest promise."""
+    same batches as everyone's, so the batch must be as fast as the tightest promise. A client
+    limit (closed-loop load) caps it: no more requests are in flight than it allows."""
     limits = [slo.limit_s for slo in plan.slos if slo.metric == "tpot"]
     if not limits or not plan.trace.requests:
         return None
-    return max(1.0, trace_stats(plan.trace).output_tokens_per_s * min(limits))
+    batch = max(1.0, trace_stats(plan.trace).output_tokens_per_s * min(limits))
+    client = plan.shaping.max_concurrency
+    return batch if client is None else min(batch, float(client))
 
 
 def rule_trials(plan: StudyPlan, defaults: dict[str, Any], max_model_len: int) -> list[RuleTrial]:

@@ -21,7 +21,8 @@ Two answers, both from the simulator's step-time profile:
     of the trace's TTFTs, so of every percentile; the floor is the largest over window
     widths from the whole trace down to milliseconds. Over this, an SLO cannot be met at
     *this* load: the bursts queue on any setting. N replicas share the work (a request is
-    never split): the work is divided by N.
+    never split): the work is divided by N. Under a client limit (closed-loop load) there is
+    no burst floor: a burst waits at the client, and TTFT counts from each request's send.
 
   Percentiles are over one class's requests for an SLO that names a traffic class. (An
   "ideal server prefilling in arrival order" is *not* a bound for vLLM, which interleaves a
@@ -144,11 +145,17 @@ def minimum_work_tokens(trace: Trace) -> list[int]:
 
 
 def latency_floor(
-    trace: Trace, profile: StepModel, slos: tuple[Slo, ...], *, replicas: int = 1
+    trace: Trace,
+    profile: StepModel,
+    slos: tuple[Slo, ...],
+    *,
+    replicas: int = 1,
+    max_concurrency: int | None = None,
 ) -> list[Floor]:
     """Each TTFT and TPOT/ITL SLO's value on an ideal server, or on ``replicas`` of them (see
     the module's docs); a class's TTFT floor over that class's requests (whose cached prefixes
-    still come from all)."""
+    still come from all). With a client limit (``max_concurrency``) only each request alone
+    bounds TTFT: the trace's bursts wait at the client, before their TTFTs begin."""
     if not trace.requests:
         return []
     tokens = uncached_tokens(trace)
@@ -171,6 +178,8 @@ def latency_floor(
             alone = ttft[own]
             if not alone.size:  # a class without requests is refused before any trial
                 continue
+            if max_concurrency is not None:
+                bounds[slo.traffic_class] = []  # bursts wait at the client: no floor
             if slo.traffic_class not in bounds:
                 order = np.argsort(arrivals[own], kind="stable")  # windows need arrival order
                 bounds[slo.traffic_class] = list(
@@ -251,9 +260,18 @@ def rate_headroom(
     trial_number: int,
     error_budget: float = 0.0,
     tolerance: float = defaults.CAPACITY_TOLERANCE,
+    max_concurrency: int | None = None,
 ) -> Headroom:
-    """Capacity mode on a trial's settings (a few simulated runs)."""
+    """Capacity mode on a trial's settings (a few simulated runs), under the client's limit
+    when there is one."""
     _, _, multiplier = capacity_search(
-        engine, trace, settings, slos, error_budget, tolerance, label="headroom"
+        engine,
+        trace,
+        settings,
+        slos,
+        error_budget,
+        tolerance,
+        label="headroom",
+        max_concurrency=max_concurrency,
     )
     return Headroom(trial_number, multiplier)

@@ -88,7 +88,13 @@ def fewest_possible(
 
     @functools.cache  # each count's floors once
     def unreachable(replicas: int) -> list[Floor]:
-        floors = latency_floor(plan.trace, profile, plan.slos, replicas=replicas)
+        floors = latency_floor(
+            plan.trace,
+            profile,
+            plan.slos,
+            replicas=replicas,
+            max_concurrency=plan.shaping.max_concurrency,
+        )
         return [floor for floor in floors if floor.unreachable]
 
     if unreachable(max_replicas):

@@ -255,6 +255,10 @@ class Change:
     """``OPTION: the study has X, this command gives Y``."""
 
 
+ENGINE_SHAPING = ("max_model_len", "over_length")
+"""Shaping options a study takes from its engine (the context length), not from the user."""
+
+
 def definition_changes(record: StudyRecord, plan: StudyPlan, engine: str) -> list[Change]:
     """What this plan changes in a stored study's definition (empty when it is the same
     study). The trial budget, seed, sampler and timeout may change between runs; what decides
@@ -279,10 +283,12 @@ def definition_changes(record: StudyRecord, plan: StudyPlan, engine: str) -> lis
         checks.append(("search space", "`ranges`", stored_ranges, given_ranges, searched, given))
     stored_shaping, given_shaping = record.shaping, plan.shaping.model_dump()
     for option in sorted(set(stored_shaping) | set(given_shaping)):
+        # The context length clips the trace as the engine's settings say (`fixed`); every
+        # other shaping option is the user's own.
+        named = f"trace shaping {option}" if option in ENGINE_SHAPING else f"`{option}`"
         checks.append(
-            ("shaping", f"trace shaping {option}", stored_shaping.get(option),
-             given_shaping.get(option), None, None)
-        )  # fmt: skip
+            ("shaping", named, stored_shaping.get(option), given_shaping.get(option), None, None)
+        )
     return [
         Change(
             what,
@@ -475,10 +481,17 @@ class TrialObjective:
                 plan.capacity_tolerance,
                 plan.abort_rule,
                 label=label,
+                max_concurrency=plan.shaping.max_concurrency,
             )
             values = [multiplier]
         else:
-            run = self.engine.run(plan.trace, settings, plan.abort_rule, label=label)
+            run = self.engine.run(
+                plan.trace,
+                settings,
+                plan.abort_rule,
+                label=label,
+                max_concurrency=plan.shaping.max_concurrency,
+            )
             verdict = verdict_of(run, plan.slos, plan.error_budget)
             values = [objective_value(run, o.name) for o in plan.objectives]
         values = self._pessimistic(values, failed=bool(run.failure) or run.metrics is None)

@@ -219,7 +219,7 @@ def predict(
 ) -> dict[str, Any]:
     """Simulated metrics and SLO verdict for ``settings`` on the real server's config."""
     engine = sim_engine(profile, base)
-    run = engine.run(plan.trace, settings)
+    run = engine.run(plan.trace, settings, max_concurrency=plan.shaping.max_concurrency)
     if run.metrics is None or run.failure:
         return {"failure": run.failure or "no metrics", "profile": profile.name}
     return {

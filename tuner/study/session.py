@@ -115,7 +115,9 @@ class TuningSession:
             return
         words = profile_words(profile)
         by = "" if simulated else f", by the simulator with profile {words}"
-        floors = latency_floor(plan.trace, profile, plan.slos)
+        floors = latency_floor(
+            plan.trace, profile, plan.slos, max_concurrency=plan.shaping.max_concurrency
+        )
         unreachable = [floor for floor in floors if floor.unreachable]
         if unreachable:
             where = "on one engine" if simulated else "on this server"
@@ -140,6 +142,7 @@ class TuningSession:
             trial_number=closest.trial_number,
             error_budget=plan.error_budget,
             tolerance=plan.capacity_tolerance,
+            max_concurrency=plan.shaping.max_concurrency,
         )
         say(headroom.line())
 

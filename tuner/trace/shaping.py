@@ -24,7 +24,9 @@ MAX_ARRIVAL_S = MAX_TIMESTAMP / 1000
 
 
 class ShapeOptions(BaseModel):
-    """How to shape a trace. Applied in the order of the fields below."""
+    """How to shape a trace. Applied in the order of the fields below; the last,
+    ``max_concurrency``, is how the trace is replayed (the engines apply it), not a change to
+    its requests."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -63,6 +65,14 @@ class ShapeOptions(BaseModel):
     output; ``drop`` removes them."""
     max_requests: int | None = Field(default=None, ge=1)
     """Keep only the first N requests."""
+    max_concurrency: int | None = Field(default=None, ge=1)
+    """Closed-loop load, as vllm bench serve --max-concurrency: at most N requests in flight; a
+    request whose arrival has come waits until one finishes, and is sent then, in arrival
+    order (TTFT and E2E latency count from its send).
+
+    In flight: sent, last token not yet delivered. The trace's arrival times stay as they are:
+    the engines apply the limit as they replay it (the simulator, with replicas over all of
+    them; the real replay's client). ``None``: open loop, every request sent at its arrival."""
 
     @field_validator("classes")
     @classmethod

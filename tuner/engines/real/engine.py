@@ -199,9 +199,10 @@ class VllmEngine:
         early_abort: EarlyAbortRule | None = None,
         *,
         label: str | None = None,
+        max_concurrency: int | None = None,
     ) -> EngineRun:
         """One trial on a fresh server; what it returns has its secrets redacted."""
-        run = self._run(trace, settings, early_abort, label)
+        run = self._run(trace, settings, early_abort, label, max_concurrency)
         return dataclasses.replace(
             run,
             resolved_config=redact(run.resolved_config),
@@ -215,6 +216,7 @@ class VllmEngine:
         settings: dict[str, Any],
         early_abort: EarlyAbortRule | None,
         label: str | None,
+        max_concurrency: int | None,
     ) -> EngineRun:
         args = self.settings_args(settings)
         if ITERATION_FLAG in (self.capabilities.accepted_flags or ()):
@@ -231,7 +233,12 @@ class VllmEngine:
             )
         overhead = {"resolve": time.perf_counter() - began}
         spec = self.server_spec(args, label or "run")
-        options = ReplayOptions(model=self.model, token_high=self.token_high, api_key=self.api_key)
+        options = ReplayOptions(
+            model=self.model,
+            token_high=self.token_high,
+            api_key=self.api_key,
+            max_concurrency=max_concurrency,
+        )
         try:
             with VllmServer(spec) as server:
                 startup_s = server.startup_s

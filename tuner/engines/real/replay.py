@@ -7,6 +7,10 @@ length, ``ignore_eos`` and a streamed usage report. Every token's arrival time i
 The client measures its own lateness (how far behind schedule each request went out), so a
 saturated client is never mistaken for a slow server. Requests that fail, time out, or are
 still running when the replay ends are kept, with their reason: they count against the SLOs.
+
+With a client limit (``max_concurrency``, as ``vllm bench serve --max-concurrency``) the load
+is closed-loop: at most N requests are in flight; a request whose time has come waits for a
+free slot, in arrival order (:class:`ClientLimit`), and is timed from its actual send.
 """
 
 from __future__ import annotations
@@ -40,12 +44,17 @@ class ReplayOptions:
     """Prompt token ids are drawn from ``[token_low, token_high)``: below the vocabulary size
     and clear of special ids."""
     seed: int = 0
-    max_concurrency: int = 512
-    """Most requests in flight; more wait (and show up as lateness)."""
+    max_concurrency: int | None = None
+    """The benchmark's client limit: at most this many requests in flight, a request whose
+    time has come waiting for a free slot (in arrival order; its wait is not lateness).
+    ``None``: open loop, each request sent at its time (up to :attr:`connections` at once)."""
+    connections: int = 512
+    """Most requests in flight in an open-loop replay; more wait (and show up as lateness)."""
     request_timeout_s: float = 600.0
     """A request that has not finished after this long is abandoned (and counted)."""
     drain_timeout_s: float = 600.0
-    """After the last send, how long to wait for the rest before giving up on them."""
+    """After the last send (an open-loop replay: the last arrival), how long to wait for the
+    rest before giving up on them."""
     api_key: str | None = None
     """Sent as ``Authorization: Bearer KEY`` (a server started with ``--api-key``)."""
 
@@ -125,6 +134,58 @@ class ReplayState:
         self.last_progress_s = self.now()
 
 
+class ClientLimit:
+    """At most ``limit`` requests in flight, sent in trace (arrival) order: a request takes a
+    slot once every request before it has taken one and a slot is free (:meth:`acquire`),
+    and gives it back when it ends (:meth:`release`)."""
+
+    def __init__(self, limit: int, count: int) -> None:
+        if limit < 1:
+            raise ValueError(f"max_concurrency must be at least 1, not {limit}")
+        self.free = limit
+        self.turn = 0
+        """The request whose turn it is to take a slot."""
+        self.count = count
+        self.ready: dict[int, asyncio.Future[None]] = {}
+        """Requests whose time has come, waiting for their turn and a slot."""
+        self.all_sent = asyncio.Event()
+        """Set once every request has taken its slot."""
+        self.last_sent = time.monotonic()
+        """When the latest request took its slot."""
+        if count == 0:
+            self.all_sent.set()
+
+    async def acquire(self, index: int) -> None:
+        """Wait until request ``index`` may be sent: its turn, and a free slot."""
+        granted = asyncio.get_running_loop().create_future()
+        self.ready[index] = granted
+        self._dispatch()
+        try:
+            await granted
+        except asyncio.CancelledError:
+            self.ready.pop(index, None)
+            if granted.done() and not granted.cancelled():
+                self.release()  # granted as it was cancelled: the slot is not used
+            raise
+
+    def release(self) -> None:
+        """A request ended: its slot is free for the next."""
+        self.free += 1
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self.free > 0 and self.turn in self.ready:
+            granted = self.ready.pop(self.turn)
+            self.turn += 1
+            if granted.done():  # cancelled while waiting
+                continue
+            self.free -= 1
+            self.last_sent = time.monotonic()
+            granted.set_result(None)
+        if self.turn >= self.count:
+            self.all_sent.set()
+
+
 @dataclass
 class ReplayResult:
     records: list[RequestRecord]
@@ -147,11 +208,15 @@ async def replay(
     """Replay ``trace`` against the server at ``base_url``. Pass a ``state`` to watch the
     replay as it runs and to stop it early (:meth:`ReplayState.stop`)."""
     state = state or ReplayState(trace)
-    limits = httpx.Limits(
-        max_connections=options.max_concurrency, max_keepalive_connections=options.max_concurrency
-    )
+    connections = options.max_concurrency or options.connections
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     timeout = httpx.Timeout(options.request_timeout_s, connect=30.0)
-    semaphore = asyncio.Semaphore(options.max_concurrency)
+    gate = (
+        ClientLimit(options.max_concurrency, len(trace.requests))
+        if options.max_concurrency is not None
+        else None
+    )
+    semaphore = asyncio.Semaphore(options.connections)
     prompts = [
         prompt_token_ids(r, low=options.token_low, high=options.token_high, seed=options.seed)
         for r in trace.requests
@@ -168,32 +233,49 @@ async def replay(
             delay = started + request.arrival_s - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)  # the trace's schedule itself
-            async with semaphore:
-                sent = time.monotonic()
+            if gate is None:
+                async with semaphore:
+                    return await send(index, request, open_loop=True)
+            lateness[index] = time.monotonic() - started - request.arrival_s
+            await gate.acquire(index)  # waiting for a slot, in arrival order, is not lateness
+            try:
+                return await send(index, request, open_loop=False)
+            finally:
+                gate.release()
+
+        async def send(index: int, request: Request, *, open_loop: bool) -> RequestRecord:
+            sent = time.monotonic()
+            if open_loop:
                 lateness[index] = sent - started - request.arrival_s
-                state.sent_s[index] = sent - started
-                try:
-                    record = await _send(client, index, request, prompts[index], options, state)
-                except Exception as exc:  # a malformed answer: the request failed, nothing else
-                    record = RequestRecord(
-                        id=request.id,
-                        sent_s=sent - started,
-                        token_times_s=list(state.token_times[index]),
-                        expected_tokens=request.output_tokens,
-                        traffic_class=request.traffic_class,
-                        error=f"bad response: {type(exc).__name__}: {exc}"[:300],
-                    )
-                state.record_end(index, failed=not record.completed)
-                return record
+            state.sent_s[index] = sent - started
+            try:
+                record = await _send(client, index, request, prompts[index], options, state)
+            except Exception as exc:  # a malformed answer: the request failed, nothing else
+                record = RequestRecord(
+                    id=request.id,
+                    sent_s=sent - started,
+                    token_times_s=list(state.token_times[index]),
+                    expected_tokens=request.output_tokens,
+                    traffic_class=request.traffic_class,
+                    error=f"bad response: {type(exc).__name__}: {exc}"[:300],
+                )
+            state.record_end(index, failed=not record.completed)
+            return record
 
         tasks = [asyncio.create_task(one(i, r)) for i, r in enumerate(trace.requests)]
         everything = asyncio.gather(*tasks, return_exceptions=True)
         stopped = asyncio.create_task(state.stopped.wait())
         last_arrival = trace.requests[-1].arrival_s if trace.requests else 0.0
         waited: set[asyncio.Future[Any]] = {everything, stopped}
+        drain_from = started + last_arrival
+        if gate is not None:  # the last send may come long after the last arrival
+            sending = asyncio.create_task(gate.all_sent.wait())
+            await asyncio.wait({*waited, sending}, return_when=asyncio.FIRST_COMPLETED)
+            sending.cancel()
+            drain_from = max(drain_from, gate.last_sent)
         await asyncio.wait(
             waited,
-            timeout=last_arrival + options.drain_timeout_s,
+            timeout=max(drain_from + options.drain_timeout_s - time.monotonic(), 0.0),
             return_when=asyncio.FIRST_COMPLETED,
         )
         stopped.cancel()

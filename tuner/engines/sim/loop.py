@@ -13,6 +13,12 @@ previous step computes and delays the device only when it is the longer of the t
 
 Time is kept in integer nanoseconds, so a constant step maps arrivals to steps exactly however
 long the run.
+
+Closed-loop load (``max_concurrency``, as ``vllm bench serve --max-concurrency``): the client
+keeps at most N requests in flight (sent, last token not yet delivered). A request whose
+arrival has come while N are in flight waits, and is sent, in arrival order, the moment one of
+them delivers its last token (:class:`ClosedLoop`); its latencies count from that send. The
+engine sees it then, exactly as it sees an arrival at that time.
 """
 
 from __future__ import annotations
@@ -104,9 +110,20 @@ class SimResult:
     engine_version: str = SIMULATOR_VERSION
     busy_s: float = 0.0
     """Time the engine spent computing steps (the device's, when scheduling asynchronously)."""
+    max_concurrency: int | None = None
+    """The client's limit the run replayed under (``None``: open loop)."""
+
+    def client_waits(self, trace: Trace) -> list[float]:
+        """How long each request of ``trace`` waited at the client for a slot (its send less
+        its arrival; all 0 in an open loop)."""
+        return [
+            max(record.sent_s - request.arrival_s, 0.0)
+            for record, request in zip(self.records, trace.requests, strict=True)
+        ]
 
     def summary(self, trace: Trace) -> dict[str, object]:
         """Everything worth keeping from a run of ``trace``, JSON-ready (NaN left as is)."""
+        waits = self.client_waits(trace)
         return {
             "engine": self.engine_version,
             "profile": self.profile,
@@ -122,6 +139,9 @@ class SimResult:
             "prefix_cache_queries": self.prefix_cache_queries,
             "prefix_cache_hits": self.prefix_cache_hits,
             "stalled": self.stalled,
+            "max_concurrency": self.max_concurrency,
+            "requests_held": sum(1 for wait in waits if wait > 0),
+            "client_wait_max_s": max(waits, default=0.0),
             "wall_s": self.wall_s,
         }
 
@@ -137,15 +157,23 @@ def simulate(
     *,
     on_step: Callable[[StepRecord], None] | None = None,
     fast_forward: bool = True,
+    max_concurrency: int | None = None,
 ) -> SimResult:
     """Replay ``trace`` through the simulated engine; ``on_step`` sees every step.
 
     ``fast_forward`` applies runs of plain decode steps in one go (same results, much faster;
-    off only to check exactly that).
+    off only to check exactly that). ``max_concurrency``: the client keeps at most that many
+    requests in flight (:class:`ClosedLoop`); ``None``: every request is sent at its arrival.
     """
     started = time.perf_counter()
     requests, accepted, errors = prepare_requests(trace, config)
-    loop = _Loop(config, profile, accepted, on_step, fast_forward)
+    if max_concurrency is None:
+        loop = _Loop(config, profile, accepted, on_step, fast_forward)
+    else:
+        loop = _Loop(config, profile, [], on_step, fast_forward)
+        client = ClosedLoop(requests, max_concurrency, loop.add)
+        loop.on_finish = client.release
+        client.fill(0)
     for _ in loop.steps():  # no horizon: it never pauses
         raise AssertionError("the loop paused without a horizon")
     if loop.stalled:
@@ -167,6 +195,7 @@ def simulate(
         prefix_cache_hits=loop.scheduler.prefix_hits,
         stalled=loop.stalled,
         busy_s=loop.busy / NS,
+        max_concurrency=max_concurrency,
     )
 
 
@@ -197,7 +226,7 @@ def request_records(requests: list[SimRequest], errors: dict[int, str]) -> list[
     return [
         RequestRecord(
             id=r.id,
-            sent_s=r.arrival_s,
+            sent_s=r.sent_s,
             token_times_s=r.token_times,
             expected_tokens=r.max_tokens,
             error=errors.get(r.index),
@@ -206,6 +235,52 @@ def request_records(requests: list[SimRequest], errors: dict[int, str]) -> list[
         )
         for r in requests
     ]
+
+
+class ClosedLoop:
+    """The client of a closed-loop benchmark (``vllm bench serve --max-concurrency N``,
+    GuideLLM's concurrent profile): at most ``limit`` requests in flight, a request being in
+    flight from its send until its last token is delivered. Requests are sent in arrival
+    order, each at its arrival or, when every slot is taken then, the moment one frees.
+
+    A request the engine rejects (longer than ``max_model_len``) is answered at once: it waits
+    for its turn like any other, and frees its slot as it takes it.
+    """
+
+    def __init__(
+        self, requests: list[SimRequest], limit: int, send: Callable[[SimRequest, int], None]
+    ) -> None:
+        """``requests``: all of them, in arrival order; ``send`` hands one to the engine,
+        sent at the given tick."""
+        if limit < 1:
+            raise ValueError(f"max_concurrency must be at least 1, not {limit}")
+        self.waiting = deque(requests)
+        """Requests not sent yet, in arrival order."""
+        self.limit = limit
+        self.send = send
+        self.in_flight = 0
+        self.last_sent = 0
+
+    def fill(self, now: int) -> None:
+        """Send, from ``now`` on (ticks), every waiting request that a free slot lets go: each
+        at its arrival, or ``now`` if that is later."""
+        waiting = self.waiting
+        while waiting and self.in_flight < self.limit:
+            request = waiting.popleft()
+            arrival = _ns(request.arrival_s)
+            sent = max(arrival, now, self.last_sent)
+            self.last_sent = sent
+            if sent != arrival:
+                request.sent_s = sent / NS
+            if request.status is Status.REJECTED:
+                continue  # answered with an error at once: the slot is free again
+            self.in_flight += 1
+            self.send(request, sent)
+
+    def release(self, finished: list[SimRequest], at: int) -> None:
+        """``finished`` delivered their last tokens at ``at`` (ticks): their slots free."""
+        self.in_flight -= len(finished)
+        self.fill(at)
 
 
 MIN_DECODE_RUN = 4
@@ -251,6 +326,14 @@ class _Loop:
         """Set while requests may still be added (replicas behind a router): the next one
         reaches the router then. The loop pauses (its generator yields) before any decision
         that could depend on it, and treats it as an arrival it may not run past."""
+        self.on_finish: Callable[[list[SimRequest], int], None] | None = None
+        """Told of the requests each step (or decode run) finished, with the tick their last
+        token was delivered (a closed-loop client frees their slots then)."""
+        self.paused_at = 0
+        """The clock when the loop last paused at its horizon."""
+        self.idle = False
+        """Whether it paused waiting for a request (it had nothing it could do before the
+        horizon), rather than with work to do."""
         self.next_arrival = 0
         self.step_index = 0
         self.peak_blocks = 0
@@ -277,6 +360,7 @@ class _Loop:
 
     def add(self, request: SimRequest, sent: int) -> None:
         """A request sent at ``sent`` (ticks), at or after every one added before it."""
+        self.idle = False
         self.accepted.append(request)
         ready = sent + self.latency
         self.ready.append(max(ready, self.ready[-1] + self.interval) if self.ready else ready)
@@ -330,13 +414,16 @@ class _Loop:
         clock = self.ready[0] if self.accepted else 0
         while True:
             while self._paused(clock):
+                self.paused_at = clock
                 yield clock
+            self.idle = False
             self._admit_arrivals(clock)
             arrival = self._upcoming()
             if not scheduler.has_work():
                 if arrival is None:
                     return
                 clock = arrival
+                self.idle = True
                 continue
             if self.fast_forward and (run := self._sync_decode_run(clock, arrival)) is not None:
                 clock = run
@@ -347,6 +434,7 @@ class _Loop:
                     self._stall()
                     return
                 clock = arrival  # an arrival can unblock it (e.g. the threshold then applies)
+                self.idle = True
                 continue
             shape = _shape(plan)
             # A step that only preempted runs no model: vLLM skips execution with no tokens.
@@ -354,7 +442,10 @@ class _Loop:
             self.busy += end - clock
             step = _InFlight(self.step_index, plan, shape, clock, end, scheduler.kv.num_used_blocks)
             self.step_index += 1
-            self._emit(step, scheduler.finish_step(plan, end / NS))
+            finished = scheduler.finish_step(plan, end / NS)
+            self._emit(step, finished)
+            if finished and self.on_finish is not None:
+                self.on_finish(finished, end)
             clock = end
 
     def _run_async(self) -> Iterator[int]:
@@ -367,7 +458,9 @@ class _Loop:
         device_free = 0  # when the device finishes the last step launched
         while True:
             while self._paused(host):
+                self.paused_at = host
                 yield host
+            self.idle = False
             self._admit_arrivals(host)
             if scheduler.has_work():
                 if self.fast_forward and len(queue) == 1 and queue[0].plan.scheduled:
@@ -401,16 +494,21 @@ class _Loop:
                         self._stall()
                         return
                     host = arrival
+                    self.idle = True
                     continue
             elif not queue:
                 arrival = self._upcoming()
                 if arrival is None:
                     return
                 host = arrival
+                self.idle = True
                 continue
             step = queue.popleft()
             host = max(host, step.end)
-            self._emit(step, scheduler.finish_step(step.plan, step.end / NS))
+            finished = scheduler.finish_step(step.plan, step.end / NS)
+            self._emit(step, finished)
+            if finished and self.on_finish is not None:
+                self.on_finish(finished, step.end)
 
     def _decode_durations(self, limit: int) -> Iterator[int]:
         """Total (device and host) time, in ticks, of each of the next ``limit`` plain decode
@@ -450,6 +548,8 @@ class _Loop:
         self.peak_blocks = max(self.peak_blocks, used[-1])
         self._emit_run(ids, starts, ends, used, finished)
         self.busy += ends[-1] - starts[0]  # back to back
+        if finished and self.on_finish is not None:
+            self.on_finish(finished, ends[-1])
         return ends[-1]
 
     def _async_decode_run(self, queue: deque[_InFlight], host: int) -> tuple[int, int] | None:

@@ -7,10 +7,18 @@ pauses there (it makes no decision that a later request could change), the route
 the request is added, and the loops resume. So a replica's schedule is exactly what the
 single-engine simulator gives for the requests it was sent, and the routing decisions see
 what a real router would (requests in flight: sent, last token not yet returned).
+
+A closed-loop client (``max_concurrency``) holds its limit over all replicas: while every slot
+is taken, the next request is sent when the first of the requests in flight, on any replica,
+delivers its last token. Until that moment is known the replicas run in time order, none past
+a moment at which another could still free a slot (:meth:`_Replicas.next_free`), so each
+replica's schedule is still the single engine's for the requests it was sent, when they were
+sent.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import time
 from collections.abc import Iterator
@@ -26,8 +34,8 @@ from prefill_tuner.engines.sim.loop import (
     prepare_requests,
     request_records,
 )
-from prefill_tuner.engines.sim.request import Status
-from prefill_tuner.engines.sim.routing import make_router
+from prefill_tuner.engines.sim.request import SimRequest, Status
+from prefill_tuner.engines.sim.routing import Router, make_router
 from prefill_tuner.objectives.metrics import summarize_run
 from prefill_tuner.trace.model import Trace
 
@@ -74,45 +82,26 @@ class ReplicatedResult:
 
 
 def simulate_replicas(
-    trace: Trace, config: SimConfig, profile: StepModel, *, replicas: int, router: str
+    trace: Trace,
+    config: SimConfig,
+    profile: StepModel,
+    *,
+    replicas: int,
+    router: str,
+    max_concurrency: int | None = None,
 ) -> ReplicatedResult:
-    """Replay ``trace`` through ``replicas`` copies of the engine behind ``router``."""
+    """Replay ``trace`` through ``replicas`` copies of the engine behind ``router``;
+    ``max_concurrency``: the client keeps at most that many requests in flight over all of
+    them (``None``: every request is sent at its arrival)."""
     if replicas < 1:
         raise ValueError(f"replicas must be at least 1, not {replicas}")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
     started = time.perf_counter()
-    requests, accepted, errors = prepare_requests(trace, config)
-    policy = make_router(router, replicas)
-    loops = [_Loop(config, profile, [], None, True) for _ in range(replicas)]
-    for loop in loops:
-        loop.scheduler.retired = []
-    runs: list[Iterator[int] | None] = [loop.steps() for loop in loops]
-    # Per replica: requests sent whose last token the router does not have yet; and a heap of
-    # when each finished request's last token reaches the router.
-    outstanding = [0] * replicas
-    returning: list[list[int]] = [[] for _ in range(replicas)]
-    sent = [0] * replicas
-    assignment = [-1] * len(requests)
-    for request in accepted:
-        now = _ns(request.arrival_s)
-        for index, loop in enumerate(loops):
-            loop.horizon = now
-            runs[index] = _advance(runs[index])
-            retired, heap = loop.scheduler.retired, returning[index]
-            if retired:
-                for finished in retired:
-                    heapq.heappush(heap, _ns(finished.token_times[-1]))
-                retired.clear()
-            while heap and heap[0] <= now:
-                heapq.heappop(heap)
-                outstanding[index] -= 1
-        choice = policy.choose(request, outstanding)
-        loops[choice].add(request, now)
-        outstanding[choice] += 1
-        sent[choice] += 1
-        assignment[request.index] = choice
-    for index, loop in enumerate(loops):
-        loop.horizon = None
-        _advance(runs[index])
+    requests, _, errors = prepare_requests(trace, config)
+    driver = _Replicas(config, profile, replicas, make_router(router, replicas), max_concurrency)
+    driver.send_all(requests)
+    loops = driver.loops
     stalled = next(
         (f"replica {i}: {loop.stalled}" for i, loop in enumerate(loops) if loop.stalled), None
     )
@@ -135,6 +124,7 @@ def simulate_replicas(
         prefix_cache_hits=sum(loop.scheduler.prefix_hits for loop in loops),
         stalled=stalled,
         busy_s=sum(loop.busy for loop in loops) / NS,
+        max_concurrency=max_concurrency,
     )
     stats = [
         ReplicaStats(
@@ -144,9 +134,148 @@ def simulate_replicas(
             preemptions=loop.preemptions,
             peak_kv_usage=loop.peak_blocks / config.usable_blocks if config.usable_blocks else 0.0,
         )
-        for loop, count in zip(loops, sent, strict=True)
+        for loop, count in zip(loops, driver.sent, strict=True)
     ]
+    assignment = [driver.assignment.get(request.index, -1) for request in requests]
     return ReplicatedResult(result, stats, assignment)
+
+
+FAR = 2**62
+"""A tick no run reaches: never."""
+
+
+class _Replicas:
+    """The replicas' loops, the router in front of them, and the client's limit."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        profile: StepModel,
+        replicas: int,
+        router: Router,
+        limit: int | None,
+    ) -> None:
+        self.loops = [_Loop(config, profile, [], None, True) for _ in range(replicas)]
+        self.runs: list[Iterator[int] | None] = [loop.steps() for loop in self.loops]
+        self.router = router
+        self.limit = limit
+        # Per replica: requests sent whose last token the router does not have yet; and a
+        # heap of when each finished request's last token reaches the router.
+        self.outstanding = [0] * replicas
+        self.returning: list[list[int]] = [[] for _ in range(replicas)]
+        self.sent = [0] * replicas
+        self.assignment: dict[int, int] = {}
+        """Request index → the replica it was sent to."""
+        self.in_flight = 0
+        """The client's requests in flight (less those whose last token :attr:`frees` holds)."""
+        self.frees: list[int] = []
+        """A heap: when each finished request delivered its last token, until counted."""
+        self.seeking = False
+        """Set while :meth:`next_free` runs the replicas up to a slot's freeing."""
+        for index, loop in enumerate(self.loops):
+            loop.scheduler.retired = []
+            if limit is not None:
+                loop.on_finish = functools.partial(self._finished, index)
+
+    def _finished(self, replica: int, finished: list[SimRequest], at: int) -> None:
+        for _ in finished:
+            heapq.heappush(self.frees, at)
+        loop = self.loops[replica]
+        if self.seeking and loop.horizon is not None:
+            loop.horizon = min(loop.horizon, at)  # it pauses there: a slot frees then
+
+    def send_all(self, requests: list[SimRequest]) -> None:
+        """Send every request in arrival order, each when the client may (its arrival, or
+        when a slot frees), then run the replicas to the end."""
+        last = 0
+        for request in requests:
+            arrival = _ns(request.arrival_s)
+            now = max(arrival, last)
+            if self.limit is not None:
+                slot = self.slot(now)
+                if slot is None:
+                    break  # every slot is held by a request that can never finish
+                now = slot
+            last = now
+            if now != arrival:
+                request.sent_s = now / NS
+            if request.status is Status.REJECTED:
+                continue  # answered with an error at once: it holds no slot
+            self.route(request, now)
+        for index, loop in enumerate(self.loops):
+            loop.horizon = None
+            _advance(self.runs[index])
+
+    def advance_to(self, now: int) -> None:
+        """Run every replica until ``now`` (each pauses before any decision that a request
+        sent then could change), and count the last tokens the router has by then."""
+        for index, loop in enumerate(self.loops):
+            loop.horizon = now
+            self.runs[index] = _advance(self.runs[index])
+            retired, heap = loop.scheduler.retired, self.returning[index]
+            if retired:
+                for finished in retired:
+                    heapq.heappush(heap, _ns(finished.token_times[-1]))
+                retired.clear()
+            while heap and heap[0] <= now:
+                heapq.heappop(heap)
+                self.outstanding[index] -= 1
+
+    def route(self, request: SimRequest, now: int) -> None:
+        """Send ``request`` at ``now`` to the replica the router picks."""
+        self.advance_to(now)
+        choice = self.router.choose(request, self.outstanding)
+        self.loops[choice].add(request, now)
+        self.outstanding[choice] += 1
+        self.sent[choice] += 1
+        self.assignment[request.index] = choice
+        self.in_flight += 1
+
+    def slot(self, now: int) -> int | None:
+        """The first moment from ``now`` at which fewer than the limit are in flight;
+        ``None`` when that never comes."""
+        assert self.limit is not None
+        self.advance_to(now)  # every last token delivered before now is known then
+        while True:
+            while self.frees and self.frees[0] <= now:
+                heapq.heappop(self.frees)
+                self.in_flight -= 1
+            if self.in_flight < self.limit:
+                return now
+            free = self.next_free()
+            if free is None:
+                return None
+            now = max(now, free)
+            self.advance_to(now)
+
+    def next_free(self) -> int | None:
+        """When the first request in flight will deliver its last token (``None``: never).
+        Until that is certain the replicas run in time order: the one whose next decision
+        comes first runs, but not up to a moment at which another could have freed a slot
+        (a step's tokens come after the step is decided) or a known last token does."""
+        self.seeking = True
+        try:
+            while True:
+                known = self.frees[0] if self.frees else FAR
+                times = [_next_decision(loop) for loop in self.loops]
+                first = min(range(len(times)), key=times.__getitem__)
+                if known <= times[first]:
+                    return known if known < FAR else None
+                others = min((t for i, t in enumerate(times) if i != first), default=FAR)
+                self.loops[first].horizon = min(known, others + 1)
+                self.runs[first] = _advance(self.runs[first])
+        finally:
+            self.seeking = False
+
+
+def _next_decision(loop: _Loop) -> int:
+    """When a paused loop next decides anything: where it paused, or, when it waits for
+    requests, at the next one it knows of (:data:`FAR`: none)."""
+    if not loop.idle:
+        return loop.paused_at
+    if loop.next_arrival < len(loop.accepted):
+        return loop.ready[loop.next_arrival]
+    return FAR
 
 
 def _advance(run: Iterator[int] | None) -> Iterator[int] | None:

@@ -78,6 +78,7 @@ class SimRequest:
         "preemptions",
         "prompt",
         "registered_blocks",
+        "sent_s",
         "shareable_tokens",
         "shared_tokens",
         "stale",
@@ -91,6 +92,9 @@ class SimRequest:
         self.index = index
         self.id = request.id
         self.arrival_s = request.arrival_s
+        self.sent_s = request.arrival_s
+        """When the client sent it: its arrival, or later when a client limit held it back
+        (``max_concurrency``: it waited for a request in flight to finish)."""
         self.prompt = request.prompt_tokens
         self.max_tokens = request.output_tokens
         self.traffic_class = request.traffic_class

@@ -90,13 +90,14 @@ class SimEngine:
         early_abort: EarlyAbortRule | None = None,
         *,
         label: str | None = None,
+        max_concurrency: int | None = None,
     ) -> EngineRun:
         """Simulate the whole trace: ``early_abort`` is not used (a simulated run costs less
         than watching it would save)."""
         config = self._config(settings)
         if isinstance(config, EngineRun):
             return config
-        result = simulate(trace, config, self.profile)
+        result = simulate(trace, config, self.profile, max_concurrency=max_concurrency)
         return self._engine_run(config, result)
 
     def _config(self, settings: dict[str, Any]) -> SimConfig | EngineRun:
@@ -146,13 +147,20 @@ class ReplicatedSimEngine(SimEngine):
         early_abort: EarlyAbortRule | None = None,
         *,
         label: str | None = None,
+        max_concurrency: int | None = None,
     ) -> EngineRun:
-        """Simulate the whole trace on every replica (``early_abort`` is not used)."""
+        """Simulate the whole trace on every replica (``early_abort`` is not used); a client
+        limit holds over all of them."""
         config = self._config(settings)
         if isinstance(config, EngineRun):
             return config
         replicated = simulate_replicas(
-            trace, config, self.profile, replicas=self.replicas, router=self.router
+            trace,
+            config,
+            self.profile,
+            replicas=self.replicas,
+            router=self.router,
+            max_concurrency=max_concurrency,
         )
         run = self._engine_run(config, replicated.result)
         # the deployment is part of what the run used (diagnosis rebuilds a replica's run)

@@ -232,6 +232,13 @@ def _definition(
     ]
     if record.space.get("dropped"):
         rows.insert(9, ("dropped knobs", "; ".join(record.space["dropped"])))
+    limit = (record.shaping or {}).get("max_concurrency")
+    if limit is not None:
+        load = (
+            f"closed loop: at most {limit:,} requests in flight; a request "
+            "waits for a slot, and its latencies count from its send"
+        )
+        rows.insert(3, ("load", load))
     return _table(rows)
 
 
