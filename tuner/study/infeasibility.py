@@ -6,8 +6,10 @@ Two answers, both from the simulator's step-time profile:
   (they hold whatever the scheduler does first):
 
   - *Each request alone.* A first token cannot come sooner than the prompt's uncached tokens
-    prefilled in one step of an otherwise idle engine (chunking only adds steps; a prefix is
-    cached at best once an earlier request computed it), plus the front end's latency; a
+    prefilled in one step of an otherwise idle engine (with step times linear in what is
+    prefilled, chunking only adds steps; with measured kernels, which can be cheaper per
+    token at a smaller size, one step's fixed part plus the prefill's additive work; a prefix
+    is cached at best once an earlier request computed it), plus the front end's latency; a
     token after the first, sooner than a decode step of that one request alone. Over this,
     an SLO cannot be met at any load.
   - *Bursts.* Take the requests arriving in a window [t1, t2]. None of their prefill can
@@ -105,15 +107,20 @@ def _statistic(values: np.ndarray, statistic: str) -> float:
 
 
 def _prefill_device_s(profile: StepModel, tokens: int, pairs: int) -> float:
-    """One step prefilling ``tokens`` with ``pairs`` query-key pairs, device time only (an
-    async engine hides the host's share)."""
+    """The least device time (an async engine hides the host's share) in which a prompt of
+    ``tokens`` tokens and ``pairs`` query-key pairs is prefilled alone: its one step, unless
+    chunks could be cheaper (a measured kernel can be faster per token at a smaller size),
+    then one step's fixed part plus the prefill's additive work, a bound every chunking meets."""
     shape = StepShape(
         prefill_tokens=tokens,
         requests=1,
         prefill_context_tokens=tokens,
         prefill_attention_pairs=pairs,
+        prefill_chunks=((0, tokens),),
     )
-    return profile.step_seconds(shape) - profile.host_seconds(1)
+    one_step = profile.step_seconds(shape) - profile.host_seconds(1)
+    fixed = profile.step_seconds(StepShape(requests=1)) - profile.host_seconds(1)
+    return min(one_step, fixed + profile.prefill_work_seconds(tokens, pairs))
 
 
 def uncached_tokens(trace: Trace) -> list[int]:
