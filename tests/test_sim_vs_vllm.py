@@ -36,18 +36,53 @@ SCENARIOS = 300
 MODES = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 
 
+def _stall_case(async_scheduling: bool) -> tuple[str, Trace, SimConfig]:
+    """A request that can never be admitted, in a pool vLLM would refuse to start with (built
+    unchecked)."""
+    trace = Trace(
+        (Request("small", 0.0, 4, 3), Request("huge", 0.5, 100, 2), Request("after", 7.0, 4, 2))
+    )
+    config = SimConfig.model_construct(
+        **{
+            **SimConfig().model_dump(),
+            "max_num_batched_tokens": 64,
+            "max_num_seqs": 4,
+            "max_model_len": 128,
+            "block_size": 4,
+            "num_gpu_blocks": 10,
+            "async_scheduling": async_scheduling,
+        }
+    )
+    return "stall", trace, config
+
+
 @functools.cache
+def _all_cases() -> dict[tuple[str, bool], list[tuple[str, Trace, SimConfig, dict]]]:
+    """Every scenario of this module, run by vLLM in one process (importing vLLM takes seconds):
+    the random ones and the stall, each by vLLM's synchronous loop and, with async scheduling,
+    by its ``AsyncScheduler`` in ``EngineCore.step_with_batch_queue``."""
+    groups = {
+        (kind, mode): (
+            [
+                (f"seed-{seed}", *random_scenario(seed, async_scheduling=mode))
+                for seed in range(SCENARIOS)
+            ]
+            if kind == "random"
+            else [_stall_case(mode)]
+        )
+        for kind in ("random", "stall")
+        for mode in (False, True)
+    }
+    cases = [case for group in groups.values() for case in group]
+    references = iter(run_reference(vllm_python(), [scenario(n, t, c) for n, t, c in cases]))
+    result = {key: [(*case, next(references)) for case in group] for key, group in groups.items()}
+    assert next(references, None) is None
+    return result
+
+
 def random_cases(async_scheduling: bool) -> list[tuple[str, Trace, SimConfig, dict]]:
-    """The same random scenarios, run by vLLM's synchronous loop or, with async scheduling,
-    by its ``AsyncScheduler`` in ``EngineCore.step_with_batch_queue`` (once per session)."""
-    python = vllm_python()
-    cases = [
-        (f"seed-{seed}", *random_scenario(seed, async_scheduling=async_scheduling))
-        for seed in range(SCENARIOS)
-    ]
-    references = run_reference(python, [scenario(name, t, c) for name, t, c in cases])
-    assert len(references) == len(cases)
-    return [(name, t, c, ref) for (name, t, c), ref in zip(cases, references, strict=True)]
+    """The same random scenarios, in one mode."""
+    return _all_cases()[("random", async_scheduling)]
 
 
 @MODES
@@ -154,21 +189,6 @@ def test_stall_matches_vllm(async_scheduling: bool) -> None:
     """A request that can never be admitted (a pool vLLM would refuse to start with, built
     unchecked): vLLM keeps polling, sees the later arrival, and schedules nothing more
     forever; the simulator ends the run at the same step, stalled."""
-    python = vllm_python()
-    trace = Trace(
-        (Request("small", 0.0, 4, 3), Request("huge", 0.5, 100, 2), Request("after", 7.0, 4, 2))
-    )
-    config = SimConfig.model_construct(
-        **{
-            **SimConfig().model_dump(),
-            "max_num_batched_tokens": 64,
-            "max_num_seqs": 4,
-            "max_model_len": 128,
-            "block_size": 4,
-            "num_gpu_blocks": 10,
-            "async_scheduling": async_scheduling,
-        }
-    )
-    (reference,) = run_reference(python, [scenario("stall", trace, config)])
+    ((_, trace, config, reference),) = _all_cases()[("stall", async_scheduling)]
     assert reference["stalled"]
     assert first_mismatch("stall", simulated_steps(trace, config), reference) is None
