@@ -9,9 +9,11 @@ import shlex
 from pathlib import Path
 
 import optuna
+from sqlalchemy import select
 
 from prefill_tuner.cli.display import trial_line
 from prefill_tuner.objectives.scoring import Verdict
+from prefill_tuner.storage.models import TrialRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.plan import build_plan
 from prefill_tuner.study.run import TrialResult
@@ -121,3 +123,43 @@ def test_a_study_recorded_with_absolute_thresholds_is_refused_in_one_line(
     assert "searched long_prefill_token_threshold as an absolute value" in err
     assert "start another with another --study" in err
     assert len(stored(storage)[1]) == 2  # nothing run, nothing stored
+
+
+def test_an_old_studys_dead_threshold_reads_as_off_everywhere(tune, tmp_path: Path) -> None:
+    """Trials an earlier version recorded with a threshold at or above their budget ran as if
+    it were off: the store reads them so, and no export or report of the study carries it."""
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    code, _, err = tune(*run_args(storage, 3, "--no-rule-trials"))
+    assert code == 0, err
+    store = TunerStore(storage)
+    record = store.get_study("s")
+    assert record is not None
+    # Rewrite every trial as the earlier version would have: threshold 8192 over its budget.
+    with store.session() as session, session.begin():
+        for trial in session.scalars(select(TrialRecord)).all():
+            budget = trial.settings[BUDGET]
+            trial.settings = {**trial.settings, THRESHOLD: max(8192, budget)}
+            words = shlex.split(trial.serve_command)
+            at = words.index("--long-prefill-token-threshold") + 1
+            words[at] = str(max(8192, budget))
+            trial.serve_command = shlex.join(words)
+    with store.session() as session:  # as recorded
+        raw = session.scalars(select(TrialRecord)).all()
+        assert all(t.settings[THRESHOLD] >= t.settings[BUDGET] for t in raw)
+    for trial in store.trials(record):
+        assert trial.settings[THRESHOLD] == 0
+        assert flag_values(trial.serve_command)["--long-prefill-token-threshold"] == "0"
+        assert "caps nothing: off (0)" in trial.repairs[-1]
+    with store.session() as session:  # reading changed nothing stored
+        assert all(
+            t.settings[THRESHOLD] >= t.settings[BUDGET]
+            for t in session.scalars(select(TrialRecord)).all()
+        )
+    code, out, err = tune("export", "--storage", storage, "--study", "s")
+    assert code == 0, err
+    assert "--long-prefill-token-threshold 8192" not in out
+    report = tmp_path / "report.html"
+    code, _, err = tune("report", "--storage", storage, "--study", "s", "-o", str(report))
+    assert code == 0, err
+    assert "--long-prefill-token-threshold 8192" not in report.read_text()
+    assert "--long-prefill-token-threshold 0" in report.read_text()
