@@ -592,13 +592,15 @@ class TrialObjective:
 
     def _same_as(self, trial: optuna.Trial, settings: dict[str, Any]) -> TrialRecord | None:
         """The earliest stored trial that ran to completion with exactly these settings (in
-        their canonical form two settings that schedule alike are equal), if any."""
+        their canonical form two settings that schedule alike are equal) on this engine
+        version, if any."""
         return next(
             (
                 row
                 for row in self.store.trials(self.record)
                 if row.status == "complete"
                 and row.trial_number != trial.number
+                and row.engine_version.version == self.engine.version
                 and _plain(row.settings) == _plain(settings)
             ),
             None,
