@@ -181,3 +181,17 @@ def test_the_random_sampler_runs_the_defaults_but_no_rule_trials(tune, tmp_path:
     assert rules(plan_for(slos))  # TPE would have run them
     code, out, _ = tune("run", "--help")
     assert "random then runs random points only" in " ".join(out.split())  # the help says so
+
+
+def test_a_client_limit_caps_the_bursts_peak() -> None:
+    """Closed-loop load: no more requests are in flight than the client allows."""
+    open_loop = burst_batch(plan_for())
+    closed = build_plan(
+        ENGINE,
+        TraceSpec(AZURE, shaping=ShapeOptions(max_requests=150, max_concurrency=2)),
+        DEFAULT_SPACE,
+        slos=["p99_tpot=11ms", "p99_ttft=1s"],
+    )
+    assert open_loop is not None and open_loop > 2
+    assert burst_batch(closed) == 2
+    assert burst_batch(plan_for(("p99_ttft=1s",))) is None  # no TPOT SLO: no rule
