@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/dead_flags_and_bursts.py
 
 1. How often a random point of the default space carries a ``long_prefill_token_threshold``
-   at or above its (repaired) ``max_num_batched_tokens``, where it caps nothing: with the
-   threshold searched as an absolute power of two (before) and as halvings of the budget (now).
+   at or above its (repaired) ``max_num_batched_tokens``, where it caps nothing (it then runs
+   and shows as off): with the threshold searched as an absolute power of two (the default)
+   and as halvings of the budget (``share_of_budget``).
 2. The rule-derived first trials on a bursty short-output code trace (the one
    ``tests/test_first_trials.py`` uses: 512-token prompts, 32 output tokens, one a second and
    three bursts of 64 at once; SLOs p99 TPOT 20 ms, p99 TTFT 2 s) on the shipped H100 profile:
@@ -14,7 +15,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -24,7 +24,12 @@ from prefill_tuner import defaults
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.search_spaces.rules import RULES, threshold_moot
-from prefill_tuner.search_spaces.space import EngineCapabilities, SearchSpace, build_space
+from prefill_tuner.search_spaces.space import (
+    EngineCapabilities,
+    SearchSpace,
+    build_space,
+    share_of_budget,
+)
 from prefill_tuner.study.evaluation import verdict_of
 from prefill_tuner.study.first_trials import (
     RUNNING_FACTOR,
@@ -57,11 +62,9 @@ def moot_share(space: SearchSpace) -> tuple[float, float]:
 
 def dead_flags() -> None:
     space = build_space(EngineCapabilities("sim", "bench"), fixed={"max_model_len": MAX_MODEL_LEN})
-    ranges = dict(space.ranges)
-    ranges[THRESHOLD] = dataclasses.replace(ranges[THRESHOLD], halvings=0)
-    before = dataclasses.replace(space, ranges=ranges)
+    shares = share_of_budget(space)
     print(f"1. {SAMPLES} random points of the default space (max_model_len {MAX_MODEL_LEN}):")
-    for name, candidate in (("absolute threshold (before)", before), ("halvings (now)", space)):
+    for name, candidate in (("absolute (the default)", space), ("halvings of the budget", shares)):
         moot, capped = moot_share(candidate)
         print(f"   {name:<28} moot threshold {moot:6.1%}   a threshold set {capped:6.1%}")
 

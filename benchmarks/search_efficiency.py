@@ -55,6 +55,7 @@ from prefill_tuner.search_spaces.rules import effective_settings
 from prefill_tuner.search_spaces.space import (
     SearchSpace,
     build_space,
+    share_of_budget,
 )
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.plan import StudyPlan
@@ -316,9 +317,9 @@ def as_space(kind: type[SearchSpace]) -> Callable[[SearchSpace], SearchSpace]:
 
 
 def absolute_threshold(space: SearchSpace) -> SearchSpace:
-    """The space before issue 29: the threshold searched as an absolute power of two (off or
-    64..8192), whatever the budget, so many points cap nothing (at or above the budget); the
-    trials still run in canonical form, so such a point repeats the same point with it off."""
+    """The threshold searched as an absolute power of two (off or 64..8192), whatever the
+    budget, so some points cap nothing (at or above the budget; they run in canonical form,
+    off). The default space: measured against :func:`share_of_budget` in issue 29."""
     ranges = dict(space.ranges)
     ranges[THRESHOLD] = dataclasses.replace(ranges[THRESHOLD], halvings=0)
     return SearchSpace(ranges, space.fixed, space.dropped)
@@ -351,6 +352,10 @@ METHODS: dict[str, Method] = {
         space=absolute_threshold, description="tune run's default, the threshold absolute"
     ),
     "random-absolute": Method("random", space=absolute_threshold, rule_trials=False),
+    "tuner-halvings": Method(
+        space=share_of_budget, description="the threshold as halvings of the budget"
+    ),
+    "random-halvings": Method("random", space=share_of_budget, rule_trials=False),
 }
 
 

@@ -6,11 +6,14 @@ Every point of the space is valid: the few rules vLLM enforces between knobs
 is spent on a configuration vLLM would refuse, and Optuna's distributions stay static
 (dynamic ranges would drop the parameters from multivariate TPE's and GP's joint model).
 
-No point is a no-op either: ``long_prefill_token_threshold`` caps nothing at or above
-``max_num_batched_tokens`` (:func:`~prefill_tuner.search_spaces.rules.threshold_moot`), so where
-the budget is searched or fixed the threshold is searched as a share of it: parameter
-``long_prefill_token_threshold_halvings`` is 0 for off and k for the budget halved k times
-(clipped to the threshold's range), never a cap the budget makes moot.
+``long_prefill_token_threshold`` caps nothing at or above ``max_num_batched_tokens``
+(:func:`~prefill_tuner.search_spaces.rules.threshold_moot`): such a sample runs, is stored and is
+shown with the threshold off (the canonical form, applied with the repair). It is searched as
+an absolute power of two (parameter ``long_prefill_token_threshold_log2``), the tokens a prompt
+may take per step, whatever the budget. :func:`share_of_budget` searches it instead as the
+budget halved k times (``long_prefill_token_threshold_halvings``), which never samples a moot
+cap; measured, that helps random search but makes the tuner's TPE reach the best settings
+later (benchmarks/RESULTS.md, issue 29), so it is not the default.
 """
 
 from __future__ import annotations
@@ -343,21 +346,23 @@ def build_space(
         if name in fixed or (not knob.searched_by_default and name not in overrides):
             continue
         ranges[name] = _range(knob, overrides.get(name))
-    _share_of_budget(ranges, fixed)
     return SearchSpace(ranges=ranges, fixed=fixed, dropped=tuple(dropped))
 
 
-def _share_of_budget(ranges: dict[str, KnobRange], fixed: Mapping[str, Any]) -> None:
-    """Search each threshold knob as a share of the budget where the budget is searched or
-    fixed: halved from once to as often as takes the largest budget to the threshold's
-    lowest value."""
-    largest = ranges[BUDGET].high if BUDGET in ranges else fixed.get(BUDGET)
+def share_of_budget(space: SearchSpace) -> SearchSpace:
+    """The space with each threshold knob searched as a share of the budget, where the budget
+    is searched or fixed (else the space unchanged): the budget halved from once to as often
+    as takes the largest budget to the threshold's lowest value, or off. No sample is then a
+    cap at or above its budget. Not the default (see the module's docstring)."""
+    largest = space.ranges[BUDGET].high if BUDGET in space.ranges else space.fixed.get(BUDGET)
     if type(largest) is not int or largest < 1:
-        return
+        return space
+    ranges = dict(space.ranges)
     for name, knob_range in ranges.items():
         if knob_range.knob.kind == "threshold":
             halvings = max(1, _log2_floor(largest) - _log2_floor(knob_range.low))
             ranges[name] = dataclasses.replace(knob_range, halvings=halvings)
+    return dataclasses.replace(space, ranges=ranges)
 
 
 MAX_ENGINE_INT = 2**31 - 1

@@ -24,6 +24,7 @@ from prefill_tuner.search_spaces.space import (
     KnobRange,
     build_space,
     load_space_file,
+    share_of_budget,
 )
 from tests.conftest import vllm_python
 
@@ -105,13 +106,18 @@ def test_overrides_fixed_values_and_files(tmp_path: Path) -> None:
         distributions["max_num_batched_tokens"].low,
         distributions["max_num_batched_tokens"].high,
     ) == (512, 4096)
-    # The threshold is searched as the budget halved 1..4 times (4096 / 2**4 = 256, the
-    # range's lowest), clipped to 256..1024; no "off" is asked for.
     assert (
-        distributions["long_prefill_token_threshold_halvings"].low,
-        distributions["long_prefill_token_threshold_halvings"].high,
+        distributions["long_prefill_token_threshold_log2"].low,
+        distributions["long_prefill_token_threshold_log2"].high,
+    ) == (8, 10)  # no "off"
+    # As a share of the budget: halved 1..4 times (4096 / 2**4 = 256, the range's lowest),
+    # clipped to 256..1024; no "off" is asked for.
+    shares = share_of_budget(space).distributions()
+    assert (
+        shares["long_prefill_token_threshold_halvings"].low,
+        shares["long_prefill_token_threshold_halvings"].high,
     ) == (1, 4)
-    threshold = space.ranges["long_prefill_token_threshold"]
+    threshold = share_of_budget(space).ranges["long_prefill_token_threshold"]
     assert [threshold.value(k, 4096) for k in (1, 2, 3, 4)] == [1024, 1024, 512, 256]
     assert [threshold.value(k, 512) for k in (1, 2, 3, 4)] == [256, 256, 256, 256]
     assert distributions["enable_chunked_prefill"].choices == (True,)
@@ -153,8 +159,8 @@ def test_every_point_of_the_space_is_a_config_vllm_accepts(seed: int, max_model_
     assert space.settings_from_params(trial.params) == sampled
 
 
-def test_threshold_is_searched_as_a_share_of_the_budget_never_at_or_above_it() -> None:
-    space = build_space(SIM)
+def test_as_a_share_of_the_budget_the_threshold_is_never_at_or_above_it() -> None:
+    space = share_of_budget(build_space(SIM))
     knob = space.ranges["long_prefill_token_threshold"]
     assert knob.param == "long_prefill_token_threshold_halvings"
     distribution = space.distributions()[knob.param]
@@ -184,13 +190,21 @@ def test_threshold_is_searched_as_a_share_of_the_budget_never_at_or_above_it() -
     assert space.settings_from_params(space.params_for(capped)) == capped
     # A threshold at or above the budget is off, wherever it comes from.
     assert space.params_for({**defaults, "long_prefill_token_threshold": 8192})[knob.param] == 0
-    # A fixed budget is the reference too.
-    fixed = build_space(SIM, fixed={"max_num_batched_tokens": 2048})
+    # A fixed budget is the reference too; without a known budget the space is unchanged.
+    fixed = share_of_budget(build_space(SIM, fixed={"max_num_batched_tokens": 2048}))
     assert fixed.ranges["long_prefill_token_threshold"].halvings == 5
+    old = EngineCapabilities("vllm", "0.9.0", accepted_flags=frozenset({"--max-num-seqs",
+                             "--long-prefill-token-threshold"}))  # fmt: skip
+    unknown = build_space(old)
+    assert "max_num_batched_tokens" not in unknown.ranges
+    assert share_of_budget(unknown) == unknown
     assert fixed.settings_from_params({knob.param: 1}) == {"long_prefill_token_threshold": 1024}
 
 
-def test_without_a_known_budget_the_threshold_is_an_absolute_power_of_two() -> None:
+def test_by_default_the_threshold_is_an_absolute_power_of_two() -> None:
+    """Measured (benchmarks/RESULTS.md, issue 29): the tuner's TPE finds the best settings
+    sooner with the cap in tokens than as a share of the budget."""
+    assert build_space(SIM).ranges["long_prefill_token_threshold"].halvings == 0
     knob = KnobRange(KNOBS["long_prefill_token_threshold"], 64, 8192)
     assert knob.param == "long_prefill_token_threshold_log2"
     assert knob.value(5) == 0 and knob.value(6) == 64 and knob.value(13) == 8192

@@ -211,7 +211,6 @@ def open_study(
             },
         )
     else:
-        refuse_absolute_threshold(record, plan)
         changes = definition_changes(record, plan, engine.name)
         if engine.deterministic:
             # A simulated study's numbers are its profile's (and replica count's): one study
@@ -247,27 +246,6 @@ def open_study(
     if list(study.directions) != directions:
         raise TunerError(f"study {plan.name!r} has other objectives; use another `name`")
     return study, record
-
-
-THRESHOLD = "long_prefill_token_threshold"
-
-
-def refuse_absolute_threshold(record: StudyRecord, plan: StudyPlan) -> None:
-    """A one-line error for a study an earlier version recorded with
-    ``long_prefill_token_threshold`` searched as an absolute power of two, which this version
-    searches as a share of ``max_num_batched_tokens`` (no trial at or above the budget, where it
-    caps nothing): one study must not mix the two parameters. Its trials stay readable."""
-    stored = ((record.definition or {}).get("ranges") or {}).get(THRESHOLD)
-    given = plan.space.ranges.get(THRESHOLD)
-    if stored is None or given is None or not given.halvings or stored.get("halvings"):
-        return
-    raise TunerError(
-        f"study {record.name!r} was recorded by an earlier version that searched "
-        "`long_prefill_token_threshold` as an absolute value, often at or above "
-        "`max_num_batched_tokens` where it caps nothing; this version searches it as a share "
-        "of the budget and cannot add trials to that study: start another with another "
-        "`name` (tune report still reads the old one)"
-    )
 
 
 @dataclass(frozen=True)
