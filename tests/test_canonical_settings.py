@@ -144,3 +144,10 @@ def test_an_old_studys_dead_threshold_reads_as_off_everywhere(tune, tmp_path: Pa
     assert code == 0, err
     assert "--long-prefill-token-threshold 8192" not in report.read_text()
     assert "--long-prefill-token-threshold 0" in report.read_text()
+    # The study resumes (its stored space is this version's), its new trials canonical.
+    code, _, err = tune(*run_args(storage, 5, "--no-rule-trials"))
+    assert code == 0, err
+    resumed = store.trials(record)
+    assert len(resumed) == 5
+    for trial in resumed:
+        assert trial.settings[THRESHOLD] == 0 or trial.settings[THRESHOLD] < trial.settings[BUDGET]
