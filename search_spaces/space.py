@@ -36,11 +36,11 @@ from prefill_tuner.search_spaces.knobs import KNOBS, Knob
 from prefill_tuner.yaml_input import read_yaml
 
 THRESHOLD_SUFFIX = "_log2"
-"""Threshold knobs searched as absolute values are searched as log2 exponents; the lowest
-exponent of the range means 0 (the budget is neither searched nor fixed)."""
+"""Threshold knobs searched as absolute values (the default) are searched as log2 exponents;
+the lowest exponent of the range means 0."""
 HALVINGS_SUFFIX = "_halvings"
-"""Threshold knobs searched as a share of ``max_num_batched_tokens``: 0 is off, k is the budget
-halved k times."""
+"""Threshold knobs searched as a share of ``max_num_batched_tokens`` (:func:`share_of_budget`):
+0 is off, k is the budget halved k times."""
 BUDGET = "max_num_batched_tokens"
 
 
@@ -82,7 +82,8 @@ class KnobRange:
     """Boolean knobs: the values searched."""
     halvings: int = 0
     """Threshold knobs: searched as a share of ``max_num_batched_tokens``, the budget halved
-    1 to ``halvings`` times (0: as an absolute power of two, when the budget is unknown)."""
+    1 to ``halvings`` times (:func:`share_of_budget`); 0, the default: as an absolute power
+    of two."""
 
     def distribution(self) -> BaseDistribution:
         if self.knob.kind == "bool":
@@ -155,7 +156,7 @@ class KnobRange:
             "allow_off": self.allow_off,
             "choices": list(self.choices),
         }
-        if self.halvings:  # absent from the records of earlier studies (absolute thresholds)
+        if self.halvings:  # absent for an absolute threshold, as in earlier versions' records
             record["halvings"] = self.halvings
         return record
 
