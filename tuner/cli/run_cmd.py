@@ -187,7 +187,7 @@ def run_command(
             if interrupted:
                 raise typer.Exit(exit_codes.INTERRUPTED)
             _explain(session, summary, storage, report_path, err)
-    if summary.recommended is None:
+    if summary.recommended is None or not summary.margin_met:
         raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
 
 

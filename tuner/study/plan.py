@@ -22,7 +22,7 @@ from prefill_tuner.search_spaces.space import (
     build_space,
     load_space_file,
 )
-from prefill_tuner.study.windows import canonical, parse_window
+from prefill_tuner.study.windows import canonical, judge_windows
 from prefill_tuner.trace import load_trace
 from prefill_tuner.trace.classes import check_slo_classes, class_counts
 from prefill_tuner.trace.model import Trace
@@ -136,8 +136,7 @@ class StudyPlan:
             raise TunerError(
                 f"`headroom_check` {self.headroom_check!r}: expected sim, engine or off"
             )
-        for spec in self.judge_windows:
-            parse_window(spec)
+        judge_windows(self.trace, self.judge_windows)  # each has requests
         wanted = [slo.traffic_class for slo in self.slos if slo.traffic_class is not None]
         if wanted:
             check_slo_classes(class_counts(self.trace), wanted)

@@ -58,6 +58,12 @@ class StudySummary:
     the recommendation is then theirs."""
 
     @property
+    def margin_met(self) -> bool:
+        """Whether the recommendation carries the required load margin (``headroom``; true
+        when none is required or it was not checked)."""
+        return self.headroom is None or self.headroom.margin_met
+
+    @property
     def closest_measured(self) -> TrialRecord | None:
         """The closest trial that ran to the end (a failed one measured nothing)."""
         return next((t for t in self.closest if t.status != "failed"), None)
