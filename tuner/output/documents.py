@@ -239,6 +239,10 @@ class ExportDocument(_Document):
     study: str
     rule: str = Field(description="How the recommended setting is chosen.")
     pareto: list[ExportEntry]
+    headroom: HeadroomDocument | None = Field(
+        default=None,
+        description="The headroom checks that chose the recommendation (null: not checked).",
+    )
 
 
 class ReplicaCountDocument(_Document):
@@ -424,7 +428,12 @@ def export_document(summary: StudySummary) -> ExportDocument:
         )
         for trial in ordered
     ]
-    return ExportDocument(study=summary.study.name, rule=RULE, pareto=entries)
+    return ExportDocument(
+        study=summary.study.name,
+        rule=RULE,
+        pareto=entries,
+        headroom=headroom_document(summary.headroom) if summary.headroom else None,
+    )
 
 
 def trials_document(

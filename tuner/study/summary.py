@@ -270,6 +270,7 @@ def export(summary: StudySummary, model: str, fmt: str) -> str:
             "#!/bin/sh",
             f"# study {summary.study.name}: recommended ({RULE})",
             ordered[0].serve_command,
+            *(f"# {line}" for line in headroom_lines(summary)),
         ]
         for trial in ordered[1:]:
             lines.append(f"# alternative on the Pareto front (trial {trial.trial_number}):")
