@@ -121,6 +121,16 @@ class TunerStore:
             )
         study.target_trials, study.definition = target_trials, definition
 
+    def record_headroom(self, study: StudyRecord, headroom: dict[str, Any] | None) -> None:
+        """Keep the study's headroom checks (:attr:`StudyRecord.headroom`)."""
+        with self.session() as session, session.begin():
+            session.execute(
+                update(StudyRecord)
+                .where(StudyRecord.id == study.id)
+                .values(headroom=_json_safe(headroom))
+            )
+        study.headroom = headroom
+
     @contextmanager
     def study_lock(self, study: StudyRecord) -> Iterator[None]:
         """Hold the study's lock, across processes and machines, while the block runs.

@@ -31,6 +31,9 @@ FLAGS: dict[str, str] = {
     "rule_trials": "--rule-trials",
     "capacity_tolerance": "--capacity-tolerance",
     "early_abort": "--early-abort",
+    "judge_windows": "--judge-window",
+    "headroom": "--headroom",
+    "headroom_check": "--headroom-check",
     # its space (SpaceSpec)
     "fixed": "--set",
     "ranges": "--space",

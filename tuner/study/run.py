@@ -35,6 +35,7 @@ from prefill_tuner.storage.store import TrialRow, TunerStore
 from prefill_tuner.study.evaluation import capacity_search, objective_value, verdict_of
 from prefill_tuner.study.first_trials import rule_trials
 from prefill_tuner.study.plan import StudyPlan
+from prefill_tuner.study.windows import judge_windows
 
 PESSIMISTIC_SECONDS = 3600.0
 """Objective value for a failed trial when no trial has succeeded yet."""
@@ -284,6 +285,11 @@ def definition_changes(record: StudyRecord, plan: StudyPlan, engine: str) -> lis
     ]  # fmt: skip
     if stored_ranges is not None:  # recorded since workers exist
         checks.append(("search space", "`ranges`", stored_ranges, given_ranges, searched, given))
+    stored_windows = ((record.definition or {}).get("options") or {}).get("judge_windows", [])
+    checks.append(
+        ("judge windows", "`judge_windows`", list(stored_windows), list(plan.judge_windows),
+         None, None)
+    )  # fmt: skip
     stored_shaping, given_shaping = record.shaping, plan.shaping.model_dump()
     for option in sorted(set(stored_shaping) | set(given_shaping)):
         # The context length clips the trace as the engine's settings say (`fixed`); every
@@ -450,6 +456,12 @@ class TrialObjective:
         """What the simulator predicts for a trial's settings (screened studies), stored
         beside what the trial measures."""
         self.max_model_len = engine.max_model_len(dict(plan.space.fixed))
+        self.windows = (
+            judge_windows(plan.trace, plan.judge_windows)
+            if plan.objective_mode == "latency"
+            else []
+        )
+        """The windows each trial is also judged on (:mod:`prefill_tuner.study.windows`)."""
         # Worst objective values seen, for pessimistic values of failed trials.
         self.worst: list[float | None] = [None] * len(plan.objectives)
         for trial in finished:
@@ -503,6 +515,9 @@ class TrialObjective:
             )
             verdict = verdict_of(run, plan.slos, plan.error_budget)
             values = [objective_value(run, o.name) for o in plan.objectives]
+            if self.windows and run.metrics is not None:
+                verdict, judged = self._judge_windows(settings, label, verdict)
+                run.details = {**run.details, "windows": judged}
         values = self._pessimistic(values, failed=bool(run.failure) or run.metrics is None)
         self._note_values(values)
         for name, value in verdict.constraints.items():
@@ -641,6 +656,34 @@ class TrialObjective:
             )
         )
         return values
+
+    def _judge_windows(
+        self, settings: dict[str, Any], label: str, verdict: Verdict
+    ) -> tuple[Verdict, dict[str, Any]]:
+        """The trial's verdict with every judge window's constraints and slacks joined as
+        ``NAME@WINDOW``, and what each window measured (for the trial's details)."""
+        plan = self.plan
+        constraints, slacks = dict(verdict.constraints), dict(verdict.slacks)
+        judged: dict[str, Any] = {}
+        for window in self.windows:
+            run = self.engine.run(
+                window.trace,
+                settings,
+                plan.abort_rule,
+                label=f"{label}-{window.spec.replace(':', '-')}",
+                max_concurrency=plan.shaping.max_concurrency,
+            )
+            own = verdict_of(run, plan.slos, plan.error_budget)
+            constraints.update({f"{k}@{window.spec}": v for k, v in own.constraints.items()})
+            slacks.update({f"{k}@{window.spec}": v for k, v in own.slacks.items()})
+            judged[window.spec] = {
+                "start_s": window.start_s,
+                "requests": len(window.trace),
+                "feasible": own.feasible,
+                "objectives": {o.name: objective_value(run, o.name) for o in plan.objectives},
+                "failure": run.failure,
+            }
+        return Verdict(constraints=constraints, slacks=slacks), judged
 
     def _note_values(self, values: list[float] | None) -> None:
         if not values:

@@ -39,10 +39,12 @@ from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.recommend import RULE
 from prefill_tuner.study.summary import (
     StudySummary,
+    headroom_lines,
     knob_cells,
     require_finished,
     study_trace,
     summarize_stored,
+    window_lines,
 )
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.stats import trace_stats
@@ -372,8 +374,11 @@ def _serve_section(summary: StudySummary) -> str:
         )
     command = summary.recommended.serve_command
     yaml_text = command_yaml(command)
+    deployable = [*headroom_lines(summary), *window_lines(summary.recommended)]
     return (
-        f"<p>Recommended: trial {summary.recommended.trial_number}. The serve line:</p>"
+        f"<p>Recommended: trial {summary.recommended.trial_number}.</p>"
+        + "".join(f'<p class="headroom">{html.escape(line)}</p>' for line in deployable)
+        + "<p>The serve line:</p>"
         f'<pre id="serve-line">{html.escape(command)}</pre>'
         '<button data-copy="serve-line">Copy the serve line</button>'
         "<p>Or as a <code>vllm serve MODEL --config FILE</code> YAML:</p>"
