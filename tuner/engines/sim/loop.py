@@ -23,6 +23,7 @@ engine sees it then, exactly as it sees an arrival at that time.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ import numpy as np
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel, StepShape, shape_of
 from prefill_tuner.engines.sim.request import PrefixInterner, SimRequest, Status
-from prefill_tuner.engines.sim.scheduler import Scheduler, StepPlan
+from prefill_tuner.engines.sim.scheduler import Scheduler, SteadyRun, StepPlan
 from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics, summarize_run
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.version import __version__
@@ -283,11 +284,15 @@ class ClosedLoop:
         self.fill(at)
 
 
-MIN_DECODE_RUN = 4
-"""Shorter runs of plain decode steps are cheaper to schedule one by one."""
+MIN_RUN = 2
+"""Shorter runs of steps of fixed composition are scheduled one by one."""
+
+SCALAR_STEPS = 8
+"""A plain decode run's first steps are timed one by one (numpy's fixed cost per call is
+that of a few steps); the rest a growing chunk at a time."""
 
 DURATION_CHUNK = 32
-"""Decode-step durations computed at once first (then 4× as many each time)."""
+"""Decode-step durations computed at once after those (then 4× as many each time)."""
 
 
 @dataclass(slots=True)
@@ -425,7 +430,7 @@ class _Loop:
                 clock = arrival
                 self.idle = True
                 continue
-            if self.fast_forward and (run := self._sync_decode_run(clock, arrival)) is not None:
+            if self.fast_forward and (run := self._sync_steady_run(clock, arrival)) is not None:
                 clock = run
                 continue
             plan = self._schedule()
@@ -464,7 +469,7 @@ class _Loop:
             self._admit_arrivals(host)
             if scheduler.has_work():
                 if self.fast_forward and len(queue) == 1 and queue[0].plan.scheduled:
-                    run = self._async_decode_run(queue, host)
+                    run = self._async_steady_run(queue, host)
                     if run is not None:
                         host, device_free = run
                         continue
@@ -510,66 +515,106 @@ class _Loop:
             if finished and self.on_finish is not None:
                 self.on_finish(finished, step.end)
 
-    def _decode_durations(self, limit: int) -> Iterator[int]:
-        """Total (device and host) time, in ticks, of each of the next ``limit`` plain decode
-        steps, computed a growing chunk at a time: most runs end at an arrival long before
-        ``limit``."""
-        running = self.scheduler.running
-        count = len(running)
-        context = sum(r.num_computed + 1 for r in running)
-        done, chunk = 0, DURATION_CHUNK
+    def _run_durations(self, run: SteadyRun) -> Iterator[int]:
+        """Total (device and host) time, in ticks, of each step of ``run``, as stepping would
+        compute it (the same floats): a plain decode run's first :data:`SCALAR_STEPS` one by
+        one, then a growing chunk at a time from the profile's ``decode_run_seconds`` (most
+        runs end at an arrival long before ``run.steps``); a run with a prefill chunk step by
+        step, each step's shape made in O(1)."""
+        if run.prefill is None:
+            yield from self._decode_durations(run)
+        else:
+            yield from self._chunk_durations(run)
+
+    def _decode_durations(self, run: SteadyRun) -> Iterator[int]:
+        count, limit = len(run.decodes), run.steps
+        context = sum(r.num_computed + 1 for r in run.decodes)
+        step_seconds = self.profile.step_seconds
+        done = min(SCALAR_STEPS, limit)
+        for step in range(done):
+            shape = StepShape(
+                decode_tokens=count,
+                requests=count,
+                decode_context_tokens=context + count * step,
+            )
+            yield _ns(step_seconds(shape))
+        chunk = DURATION_CHUNK
         while done < limit:
             size = min(chunk, limit - done)
             seconds = self.profile.decode_run_seconds(count, context + count * done, size)
             yield from np.rint(seconds * NS).astype(np.int64).tolist()
             done, chunk = done + size, chunk * 4
 
-    def _sync_decode_run(self, clock: int, arrival: int | None) -> int | None:
-        """Apply the plain decode steps that start now, up to the next arrival, in one go;
-        returns the clock after them, or ``None`` when fewer than :data:`MIN_DECODE_RUN`."""
+    def _chunk_durations(self, run: SteadyRun) -> Iterator[int]:
+        """The steps of a run whose newest request prefills ``run.chunk`` tokens each step,
+        shaped as :func:`_shape` shapes them."""
+        prefill, chunk = run.prefill, run.chunk
+        assert prefill is not None
+        count = len(run.decodes)
+        context = sum(r.num_computed + 1 for r in run.decodes)
+        before = prefill.num_computed
+        pairs_own = chunk * (chunk + 1) // 2
+        step_seconds = self.profile.step_seconds
+        for step in range(run.steps):
+            shape = StepShape(
+                prefill_tokens=chunk,
+                decode_tokens=count,
+                requests=count + 1,
+                decode_context_tokens=context + count * step,
+                prefill_context_tokens=before + chunk,
+                prefill_attention_pairs=chunk * before + pairs_own,
+                prefill_chunks=((before, chunk),),
+            )
+            yield _ns(step_seconds(shape))
+            before += chunk
+
+    def _sync_steady_run(self, clock: int, arrival: int | None) -> int | None:
+        """Apply the steps of fixed composition that start now (:meth:`Scheduler.steady_run`),
+        up to the next arrival, in one go; returns the clock after them, or ``None`` when
+        fewer than :data:`MIN_RUN`."""
         scheduler = self.scheduler
-        limit = scheduler.decode_run_limit()
-        if limit < MIN_DECODE_RUN:
+        run = scheduler.steady_run()
+        if run is None or run.steps < MIN_RUN:
             return None
         starts: list[int] = []
         ends: list[int] = []
         start = clock
-        for duration in self._decode_durations(limit):
+        for duration in self._run_durations(run):
             if arrival is not None and start >= arrival:
                 break  # a step starting at or after the next arrival would admit it
             starts.append(start)
             start += duration
             ends.append(start)
         steps = len(starts)
-        if steps < MIN_DECODE_RUN:
+        if steps < MIN_RUN:
             return None
-        ids = [r.id for r in scheduler.running] if self.on_step is not None else []
-        used, finished = scheduler.apply_decode_run(steps, [end / NS for end in ends])
+        scheduled = _run_scheduled(run) if self.on_step is not None else {}
+        used, finished = scheduler.apply_steady_run(run, steps, [end / NS for end in ends])
         self.peak_blocks = max(self.peak_blocks, used[-1])
-        self._emit_run(ids, starts, ends, used, finished)
+        self._emit_run(run, scheduled, starts, ends, used, finished)
         self.busy += ends[-1] - starts[0]  # back to back
         if finished and self.on_finish is not None:
             self.on_finish(finished, ends[-1])
         return ends[-1]
 
-    def _async_decode_run(self, queue: deque[_InFlight], host: int) -> tuple[int, int] | None:
-        """The async counterpart: with one step in flight (every running request's next
-        token), schedule the plain decode steps that follow, applying each step's
-        predecessor as the engine core would. Returns the host clock and the device's free
-        time after them, or ``None`` when fewer than :data:`MIN_DECODE_RUN`."""
+    def _async_steady_run(self, queue: deque[_InFlight], host: int) -> tuple[int, int] | None:
+        """The async counterpart: with one step in flight (every decoding request's next
+        token, and the prefill's chunk before), schedule the steps of fixed composition that
+        follow, applying each step's predecessor as the engine core would. Returns the host
+        clock and the device's free time after them, or ``None`` when fewer than
+        :data:`MIN_RUN`."""
         scheduler, profile = self.scheduler, self.profile
-        limit = scheduler.decode_run_limit()
-        if limit < MIN_DECODE_RUN:
+        run = scheduler.steady_run()
+        if run is None or run.steps < MIN_RUN:
             return None
-        count = len(scheduler.running)
+        count = len(run.decodes) + (run.prefill is not None)
         host_part = _ns(profile.host_seconds(count))
-        totals = self._decode_durations(limit)
         arrival = self._upcoming()
         previous = queue[0]
         previous_end = device_free = previous.end
         starts: list[int] = []
         ends: list[int] = []
-        for total in totals:
+        for total in self._run_durations(run):
             if starts and arrival is not None and arrival <= host:
                 break  # this step's schedule() would see the arrival
             launch = host + host_part
@@ -580,33 +625,30 @@ class _Loop:
             host = max(launch, previous_end)  # waits for, then applies, the step before
             previous_end = device_free
         steps = len(starts)
-        if steps < MIN_DECODE_RUN:
+        if steps < MIN_RUN:
             return None
         queue.popleft()
         self.busy += sum(ends) - sum(starts)
-        ids = [r.id for r in scheduler.running] if self.on_step is not None else []
+        scheduled = _run_scheduled(run)
         arrived = [previous.end, *ends[:-1]]
-        used, _ = scheduler.apply_decode_run(steps, [end / NS for end in arrived])
+        before = run.prefill.num_computed + run.chunk * (steps - 1) if run.prefill else 0
+        used, _ = scheduler.apply_steady_run(run, steps, [end / NS for end in arrived])
         self.peak_blocks = max(self.peak_blocks, used[-1])
         self._emit(previous, [])
-        self._emit_run(ids, starts[:-1], ends[:-1], used[:-1], [])
-        last = StepPlan(scheduled=[(r, 1) for r in scheduler.running], samples=[True] * count)
-        queue.append(
-            _InFlight(
-                self.step_index,
-                last,
-                StepShape(decode_tokens=count, requests=count),
-                starts[-1],
-                ends[-1],
-                used[-1],
-            )
-        )
+        self._emit_run(run, scheduled, starts[:-1], ends[:-1], used[:-1], [])
+        last = StepPlan(scheduled=list(scheduled.items()), samples=[True] * len(run.decodes))
+        shape = StepShape(decode_tokens=len(run.decodes), requests=count)
+        if run.prefill is not None:
+            last.samples.append(False)
+            shape = _shape_with_chunk(shape, before, run.chunk)
+        queue.append(_InFlight(self.step_index, last, shape, starts[-1], ends[-1], used[-1]))
         self.step_index += 1
         return host, device_free
 
     def _emit_run(
         self,
-        ids: list[str],
+        run: SteadyRun,
+        scheduled: dict[SimRequest, int],
         starts: list[int],
         ends: list[int],
         used: list[int],
@@ -618,8 +660,10 @@ class _Loop:
         self.step_index += len(starts)
         if self.on_step is None:
             return
+        ids = {request.id: tokens for request, tokens in scheduled.items()}
         waiting = len(self.scheduler.waiting)
         last = len(starts) - 1
+        decodes = len(run.decodes)
         for offset, (start, end, blocks) in enumerate(zip(starts, ends, used, strict=True)):
             done = offset == last and finished
             self.on_step(
@@ -627,10 +671,10 @@ class _Loop:
                     index=first + offset,
                     start_s=start / NS,
                     duration_s=(end - start) / NS,
-                    scheduled=dict.fromkeys(ids, 1),
+                    scheduled=dict(ids),
                     admitted_cached_tokens={},
-                    prefill_tokens=0,
-                    decode_tokens=len(ids),
+                    prefill_tokens=run.chunk,
+                    decode_tokens=decodes,
                     preempted=(),
                     finished=tuple(r.id for r in finished) if done else (),
                     running_after=len(ids) - len(finished) if done else len(ids),
@@ -638,6 +682,26 @@ class _Loop:
                     kv_blocks_in_use=blocks,
                 )
             )
+
+
+def _run_scheduled(run: SteadyRun) -> dict[SimRequest, int]:
+    """Each step of ``run``'s tokens per request, in scheduling order."""
+    scheduled = dict.fromkeys(run.decodes, 1)
+    if run.prefill is not None:
+        scheduled[run.prefill] = run.chunk
+    return scheduled
+
+
+def _shape_with_chunk(decodes: StepShape, before: int, chunk: int) -> StepShape:
+    """``decodes`` (a step's decodes' shape) with a prefill chunk of ``chunk`` tokens after
+    ``before`` computed ones, as :func:`shape_of` adds it."""
+    return dataclasses.replace(
+        decodes,
+        prefill_tokens=chunk,
+        prefill_context_tokens=before + chunk,
+        prefill_attention_pairs=chunk * before + chunk * (chunk + 1) // 2,
+        prefill_chunks=((before, chunk),),
+    )
 
 
 def _ns(seconds: float) -> int:

@@ -58,6 +58,28 @@ class StepPlan:
     """Requests admitted from the waiting queue → tokens already computed (prefix hit)."""
 
 
+@dataclass(frozen=True, slots=True)
+class SteadyRun:
+    """Steps whose composition is fixed (:meth:`Scheduler.steady_run`): every one decodes
+    ``decodes`` (one token each) and, when there is one, gives ``prefill`` (the newest running
+    request) ``chunk`` more tokens of its prompt without completing it."""
+
+    steps: int
+    """How many such steps are certain, starting now (later arrivals aside)."""
+    decodes: list[SimRequest]
+    """The decoding requests, in running order (every running request but ``prefill``)."""
+    prefill: SimRequest | None = None
+    chunk: int = 0
+
+
+def _prefill_blocks(request: SimRequest | None, chunk: int, steps: int, size: int) -> int:
+    """New KV blocks ``steps`` chunks of ``chunk`` tokens take for ``request`` (0: none)."""
+    if request is None:
+        return 0
+    need = -(-(request.num_computed + chunk * steps) // size)
+    return max(need - len(request.blocks), 0)
+
+
 class Scheduler:
     """The waiting queue, the running list and the KV cache, stepped like vLLM's scheduler."""
 
@@ -198,59 +220,114 @@ class Scheduler:
                 samples.append(request.num_computed >= request.num_tokens)
         return plan
 
-    def decode_run_limit(self) -> int:
-        """How many steps, starting now, are certain to be plain decode steps.
+    def steady_run(self) -> SteadyRun | None:
+        """The steps, starting now, whose composition is certain without scheduling them: every
+        running request decoding one token, and at most one, the newest, prefilling a chunk of
+        the same size each step (a plain decode run has none). ``None`` when there is no such
+        step.
 
-        Such a step gives every running request one token and admits nobody, so its outcome is
-        known without scheduling it. That holds while: every running request is decoding and
-        they fit the budget; the waiting queue is empty, or its head cannot be admitted during
-        the run (free KV blocks only shrink while nobody finishes, and its prefix hit can only
-        shrink); nobody finishes before the last step (the run ends with the first finishing
-        step); and every block allocation fits in the free blocks (it ends before a preemption).
-        New arrivals are the caller's to bound.
+        That holds while: the decodes (and the chunk) fit the budget and the chunk is not the
+        prompt's last (that one samples, and is smaller); the waiting queue is empty, or its
+        head cannot be admitted during the run (free KV blocks only shrink while nobody
+        finishes, its prefix hit can only shrink, and the budget left, the long-prefill
+        threshold and the running count stay as they are); nobody finishes before the last
+        step (the run ends with the first finishing step); and every block allocation fits in
+        the free blocks (it ends before a preemption). New arrivals are the caller's to bound.
         """
-        config, kv, running = self.config, self.kv, self.running
+        config, running = self.config, self.running
         count = len(running)
-        if not count or count > config.max_num_batched_tokens:
-            return 0
+        if not count or (config.async_scheduling and self.num_stale):
+            return None  # async: a waiting request becomes resumable when its stale output lands
         steps = config.max_model_len
-        if config.async_scheduling:
-            # Each request has exactly its next token in flight (the step before the run),
-            # and that is not its last one.
-            for request in reversed(running):  # the newest is the likeliest to prefill
-                if request.placeholders != 1 or request.num_computed != request.num_tokens:
-                    return 0
-                steps = min(steps, request.max_tokens - request.num_output - 1)
-            if self.num_stale:
-                return 0  # a waiting request becomes resumable when its stale output lands
-        else:
-            for request in reversed(running):
-                if request.num_computed != request.num_tokens - 1 or not request.num_output:
-                    return 0  # still prefilling (a last 1-token chunk is not a decode)
-                steps = min(steps, request.max_tokens - request.num_output)
-        if steps <= 0 or (self.waiting and not self._head_blocked(count)):
-            return 0
-        size = config.block_size
-        # Allocation steps: request i needs a block whenever its computed tokens reach the end
-        # of its last block. Stop before the first step whose allocations would not fit.
-        free = kv.num_free_blocks
-        first_needs = [len(r.blocks) * size - r.num_computed for r in running]
-        if sum(len(range(first, steps, size)) for first in first_needs) <= free:
+        prefill: SimRequest | None = None
+        chunk = 0
+        decodes = running
+        newest = running[-1]
+        if not self._decoding(newest):
+            prefill, decodes = newest, running[:-1]
+            chunk = self._steady_chunk(newest, count)
+            if chunk <= 0:
+                return None
+            remaining = newest.num_tokens - newest.num_computed
+            steps = min(
+                (remaining - 1) // chunk, (config.max_model_len - 1 - newest.num_computed) // chunk
+            )
+            if steps <= 0:
+                return None
+        if len(decodes) + chunk > config.max_num_batched_tokens:
+            return None
+        lag = 1 if config.async_scheduling else 0
+        for request in reversed(decodes):  # the newest is the likeliest to prefill
+            if not self._decoding(request):
+                return None
+            # Synchronous: it finishes in the step that samples its last token. Async: its
+            # last token is in flight already when it is not scheduled again.
+            steps = min(steps, request.max_tokens - request.num_output - lag)
+        if steps <= 0:
+            return None
+        if self.waiting and not self._head_blocked(
+            count, config.max_num_batched_tokens - len(decodes) - chunk
+        ):
+            return None
+        steps = self._allocations_fit(decodes, prefill, chunk, steps)
+        if steps <= 0:
+            return None
+        return SteadyRun(steps, decodes, prefill, chunk)
+
+    def _decoding(self, request: SimRequest) -> bool:
+        """Whether the request's next step is a decode (one token after its prompt)."""
+        if self.config.async_scheduling:
+            # Exactly its next token in flight (the step before), and no more.
+            return request.placeholders == 1 and request.num_computed == request.num_tokens
+        # Its last token sampled (a last 1-token chunk of a prompt is not a decode).
+        return request.num_computed == request.num_tokens - 1 and request.num_output > 0
+
+    def _steady_chunk(self, request: SimRequest, running: int) -> int:
+        """The chunk ``schedule()`` gives the newest running request, a prefill, when every
+        request before it decodes (the threshold, then the budget the decodes leave)."""
+        config = self.config
+        if request.placeholders or request.stale:
+            return 0  # async: its prompt's last chunk is in flight (or it is being preempted)
+        num_new = request.num_tokens - request.num_computed
+        eligible = running + len(self.waiting)
+        threshold = config.long_prefill_token_threshold if eligible > 1 else 0
+        if threshold > 0 and config.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, config.max_num_batched_tokens // eligible)
+        if 0 < threshold < num_new:
+            num_new = threshold
+        return min(num_new, config.max_num_batched_tokens - (running - 1))
+
+    def _allocations_fit(
+        self, decodes: list[SimRequest], prefill: SimRequest | None, chunk: int, steps: int
+    ) -> int:
+        """How many of the run's first ``steps`` steps have every block allocation fit in the
+        free blocks (request i needs a block whenever its computed tokens reach the end of its
+        last block; the prefill one for each block its chunk enters)."""
+        size = self.config.block_size
+        free = self.kv.num_free_blocks
+        firsts = [len(r.blocks) * size - r.num_computed for r in decodes]
+        prefill_total = _prefill_blocks(prefill, chunk, steps, size)
+        if sum(len(range(first, steps, size)) for first in firsts) + prefill_total <= free:
             return steps  # every allocation of the whole run fits
         needs_by_step = [0] * steps
-        for first in first_needs:
+        for first in firsts:
             for step in range(first, steps, size):
                 needs_by_step[step] += 1
+        if prefill is not None:
+            before = 0
+            for step in range(steps):
+                total = _prefill_blocks(prefill, chunk, step + 1, size)
+                needs_by_step[step] += total - before
+                before = total
         for step, total in enumerate(accumulate(needs_by_step)):
             if total > free:
                 return step
         return steps
 
-    def _head_blocked(self, running: int) -> bool:
-        """Whether the waiting head cannot be admitted with ``running`` decodes (and stays so
-        while the run lasts)."""
+    def _head_blocked(self, running: int, budget: int) -> bool:
+        """Whether the waiting head cannot be admitted with ``running`` requests scheduled and
+        ``budget`` tokens left (and stays so while the run lasts)."""
         config, kv = self.config, self.kv
-        budget = config.max_num_batched_tokens - running
         if running >= config.max_num_seqs or budget <= 0:
             return True
         head = self.waiting[0]
@@ -272,26 +349,27 @@ class Scheduler:
             has_scheduled_reqs=True,
         )
 
-    def apply_decode_run(
-        self, steps: int, token_times: list[float]
+    def apply_steady_run(
+        self, run: SteadyRun, steps: int, token_times: list[float]
     ) -> tuple[list[int], list[SimRequest]]:
-        """Apply ``steps`` plain decode steps (as :meth:`decode_run_limit` allowed) and the
+        """Apply the first ``steps`` steps of ``run`` (as :meth:`steady_run` found it) and the
         ``len(token_times)`` outputs that arrive meanwhile (synchronous: each step's own;
         async: the step in flight before the run and all but the run's last). Returns the
         KV blocks in use during each step, and the requests that finished (their blocks
         freed, as after any step applied; never any in async, whose run stops first)."""
-        kv, size, running = self.kv, self.config.block_size, self.running
+        kv, size = self.kv, self.config.block_size
         lag = 1 if self.config.async_scheduling else 0  # the last step's token is in flight
         used = [0] * steps
         start_used = kv.num_used_blocks
         finished: list[SimRequest] = []
-        firsts = [len(request.blocks) * size - request.num_computed for request in running]
+        decodes = run.decodes
+        firsts = [len(request.blocks) * size - request.num_computed for request in decodes]
         counts = [len(range(first, steps, size)) for first in firsts]
         fresh = kv.new_blocks(sum(counts))  # in running order, as step by step
         taken = 0
         caching = kv.enable_caching
         times = array("d", token_times)
-        for request, first, allocations in zip(running, firsts, counts, strict=True):
+        for request, first, allocations in zip(decodes, firsts, counts, strict=True):
             if allocations:
                 request.blocks += fresh[taken : taken + allocations]
                 taken += allocations
@@ -308,10 +386,28 @@ class Scheduler:
                 kv.cache_full_blocks(request, computed + steps - lag)
             if request.num_output >= request.max_tokens:
                 finished.append(request)
+        if run.prefill is not None:
+            self._apply_chunks(run.prefill, run.chunk, steps, used)
         used = list(accumulate(used, initial=start_used))[1:]
         if finished:
             self._retire(finished)
         return used, finished
+
+    def _apply_chunks(self, request: SimRequest, chunk: int, steps: int, used: list[int]) -> None:
+        """Schedule ``steps`` chunks of ``chunk`` prompt tokens for ``request`` at once (one
+        allocation for them all: the blocks it ends with, cached as far as they are full),
+        adding each step's new blocks to ``used``."""
+        size = self.config.block_size
+        before = 0
+        for step in range(steps):
+            total = _prefill_blocks(request, chunk, step + 1, size)
+            used[step] += total - before
+            before = total
+        if not self.kv.allocate_slots(request, chunk * steps):
+            raise AssertionError("a steady run's chunks were found to fit, yet do not")
+        request.num_computed += chunk * steps
+        if self.config.async_scheduling:
+            request.in_flight = chunk  # the run's last chunk
 
     def _preempt(self, request: SimRequest) -> None:
         """Recompute preemption: free everything, restart from the front of the queue. Under
