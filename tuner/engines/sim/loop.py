@@ -287,9 +287,9 @@ class ClosedLoop:
 MIN_RUN = 2
 """Shorter runs of steps of fixed composition are scheduled one by one."""
 
-SCALAR_STEPS = 8
-"""A plain decode run's first steps are timed one by one (numpy's fixed cost per call is
-that of a few steps); the rest a growing chunk at a time."""
+SCALAR_STEPS = 16
+"""A plain decode run's first steps are timed without numpy (whose fixed cost per call is
+that of many steps); the rest a growing chunk at a time."""
 
 DURATION_CHUNK = 32
 """Decode-step durations computed at once after those (then 4× as many each time)."""
@@ -515,39 +515,53 @@ class _Loop:
             if finished and self.on_finish is not None:
                 self.on_finish(finished, step.end)
 
-    def _run_durations(self, run: SteadyRun) -> Iterator[int]:
-        """Total (device and host) time, in ticks, of each step of ``run``, as stepping would
-        compute it (the same floats): a plain decode run's first :data:`SCALAR_STEPS` one by
-        one, then a growing chunk at a time from the profile's ``decode_run_seconds`` (most
-        runs end at an arrival long before ``run.steps``); a run with a prefill chunk step by
-        step, each step's shape made in O(1)."""
+    def _run_durations(self, run: SteadyRun) -> Iterator[tuple[int, int]]:
+        """Each step of ``run``: its total (device and host) time in ticks, as stepping would
+        compute it (the same floats), and the requests it schedules."""
         if run.prefill is None:
-            yield from self._decode_durations(run)
-        else:
-            yield from self._chunk_durations(run)
+            return self._decode_durations(run)
+        return self._chunk_durations(run)
 
-    def _decode_durations(self, run: SteadyRun) -> Iterator[int]:
-        count, limit = len(run.decodes), run.steps
+    def _decode_durations(self, run: SteadyRun) -> Iterator[tuple[int, int]]:
+        """A plain decode run's steps: a stretch at a time between finishes (the batch shrinks
+        by the requests whose last step has passed)."""
+        count = len(run.decodes)
         context = sum(r.num_computed + 1 for r in run.decodes)
-        step_seconds = self.profile.step_seconds
-        done = min(SCALAR_STEPS, limit)
-        for step in range(done):
-            shape = StepShape(
-                decode_tokens=count,
-                requests=count,
-                decode_context_tokens=context + count * step,
-            )
-            yield _ns(step_seconds(shape))
+        leaving: dict[int, list[int]] = {}
+        """Step → the requests first not scheduled in it: how many, their contexts' sum."""
+        for request, last in zip(run.decodes, run.lasts, strict=True):
+            if last < run.steps:
+                gone = leaving.setdefault(last, [0, 0])
+                gone[0] += 1
+                gone[1] += request.num_computed + 1
+        start = 0
+        for stop in [*sorted(leaving), run.steps]:
+            if stop > start:
+                for ticks in self._decode_stretch(count, context + count * start, stop - start):
+                    yield ticks, count
+            if stop in leaving:
+                count -= leaving[stop][0]
+                context -= leaving[stop][1]
+            start = stop
+
+    def _decode_stretch(self, count: int, context: int, steps: int) -> Iterator[int]:
+        """``steps`` plain decode steps of ``count`` requests whose contexts sum to ``context``
+        in the first: the first :data:`SCALAR_STEPS` timed without numpy, then a growing chunk at
+        a time by the profile's ``decode_run_seconds`` (most runs end at an arrival long
+        before ``steps``)."""
+        done = min(SCALAR_STEPS, steps)
+        for seconds in self.profile.decode_steps_seconds(count, context, done):
+            yield _ns(seconds)
         chunk = DURATION_CHUNK
-        while done < limit:
-            size = min(chunk, limit - done)
+        while done < steps:
+            size = min(chunk, steps - done)
             seconds = self.profile.decode_run_seconds(count, context + count * done, size)
             yield from np.rint(seconds * NS).astype(np.int64).tolist()
             done, chunk = done + size, chunk * 4
 
-    def _chunk_durations(self, run: SteadyRun) -> Iterator[int]:
+    def _chunk_durations(self, run: SteadyRun) -> Iterator[tuple[int, int]]:
         """The steps of a run whose newest request prefills ``run.chunk`` tokens each step,
-        shaped as :func:`_shape` shapes them."""
+        shaped as :func:`_shape` shapes them (each in O(1))."""
         prefill, chunk = run.prefill, run.chunk
         assert prefill is not None
         count = len(run.decodes)
@@ -565,7 +579,7 @@ class _Loop:
                 prefill_attention_pairs=chunk * before + pairs_own,
                 prefill_chunks=((before, chunk),),
             )
-            yield _ns(step_seconds(shape))
+            yield _ns(step_seconds(shape)), count + 1
             before += chunk
 
     def _sync_steady_run(self, clock: int, arrival: int | None) -> int | None:
@@ -573,13 +587,13 @@ class _Loop:
         up to the next arrival, in one go; returns the clock after them, or ``None`` when
         fewer than :data:`MIN_RUN`."""
         scheduler = self.scheduler
-        run = scheduler.steady_run()
+        run = scheduler.steady_run(past_finishes=self.on_finish is None)
         if run is None or run.steps < MIN_RUN:
             return None
         starts: list[int] = []
         ends: list[int] = []
         start = clock
-        for duration in self._run_durations(run):
+        for duration, _ in self._run_durations(run):
             if arrival is not None and start >= arrival:
                 break  # a step starting at or after the next arrival would admit it
             starts.append(start)
@@ -588,13 +602,13 @@ class _Loop:
         steps = len(starts)
         if steps < MIN_RUN:
             return None
-        scheduled = _run_scheduled(run) if self.on_step is not None else {}
+        records = _RunRecords(run, steps) if self.on_step is not None else None
         used, finished = scheduler.apply_steady_run(run, steps, [end / NS for end in ends])
-        self.peak_blocks = max(self.peak_blocks, used[-1])
-        self._emit_run(run, scheduled, starts, ends, used, finished)
+        self.peak_blocks = max(self.peak_blocks, *used)
+        self._emit_run(records, starts, ends, used)
         self.busy += ends[-1] - starts[0]  # back to back
         if finished and self.on_finish is not None:
-            self.on_finish(finished, ends[-1])
+            self.on_finish(finished, ends[-1])  # (at the last step: the run ends with them)
         return ends[-1]
 
     def _async_steady_run(self, queue: deque[_InFlight], host: int) -> tuple[int, int] | None:
@@ -604,19 +618,20 @@ class _Loop:
         clock and the device's free time after them, or ``None`` when fewer than
         :data:`MIN_RUN`."""
         scheduler, profile = self.scheduler, self.profile
-        run = scheduler.steady_run()
+        run = scheduler.steady_run(past_finishes=self.on_finish is None)
         if run is None or run.steps < MIN_RUN:
             return None
-        count = len(run.decodes) + (run.prefill is not None)
-        host_part = _ns(profile.host_seconds(count))
         arrival = self._upcoming()
         previous = queue[0]
         previous_end = device_free = previous.end
         starts: list[int] = []
         ends: list[int] = []
-        for total in self._run_durations(run):
+        counted, host_part = -1, 0
+        for total, count in self._run_durations(run):
             if starts and arrival is not None and arrival <= host:
                 break  # this step's schedule() would see the arrival
+            if count != counted:
+                counted, host_part = count, _ns(profile.host_seconds(count))
             launch = host + host_part
             start = max(device_free, launch)
             device_free = start + total - host_part
@@ -629,67 +644,85 @@ class _Loop:
             return None
         queue.popleft()
         self.busy += sum(ends) - sum(starts)
-        scheduled = _run_scheduled(run)
+        records = _RunRecords(run, steps)
+        self._emit(previous, [])  # (nobody's last token was in it)
         arrived = [previous.end, *ends[:-1]]
         before = run.prefill.num_computed + run.chunk * (steps - 1) if run.prefill else 0
         used, _ = scheduler.apply_steady_run(run, steps, [end / NS for end in arrived])
-        self.peak_blocks = max(self.peak_blocks, used[-1])
-        self._emit(previous, [])
-        self._emit_run(run, scheduled, starts[:-1], ends[:-1], used[:-1], [])
-        last = StepPlan(scheduled=list(scheduled.items()), samples=[True] * len(run.decodes))
-        shape = StepShape(decode_tokens=len(run.decodes), requests=count)
+        self.peak_blocks = max(self.peak_blocks, *used)
+        self._emit_run(records, starts[:-1], ends[:-1], used[:-1])
+        last = records.plan(steps - 1)
+        shape = StepShape(decode_tokens=len(last.scheduled), requests=len(last.scheduled))
         if run.prefill is not None:
-            last.samples.append(False)
-            shape = _shape_with_chunk(shape, before, run.chunk)
+            shape = _shape_with_chunk(
+                StepShape(decode_tokens=len(run.decodes), requests=len(last.scheduled)),
+                before,
+                run.chunk,
+            )
         queue.append(_InFlight(self.step_index, last, shape, starts[-1], ends[-1], used[-1]))
         self.step_index += 1
         return host, device_free
 
     def _emit_run(
-        self,
-        run: SteadyRun,
-        scheduled: dict[SimRequest, int],
-        starts: list[int],
-        ends: list[int],
-        used: list[int],
-        finished: list[SimRequest],
+        self, records: _RunRecords | None, starts: list[int], ends: list[int], used: list[int]
     ) -> None:
         """The per-step records of a fast-forwarded run, as stepping would have produced
-        them (the last step's output finishes ``finished``)."""
+        them."""
         first = self.step_index
         self.step_index += len(starts)
-        if self.on_step is None:
+        if self.on_step is None or records is None:
             return
-        ids = {request.id: tokens for request, tokens in scheduled.items()}
         waiting = len(self.scheduler.waiting)
-        last = len(starts) - 1
-        decodes = len(run.decodes)
         for offset, (start, end, blocks) in enumerate(zip(starts, ends, used, strict=True)):
-            done = offset == last and finished
+            scheduled, finished = records.step(offset)
             self.on_step(
                 StepRecord(
                     index=first + offset,
                     start_s=start / NS,
                     duration_s=(end - start) / NS,
-                    scheduled=dict(ids),
+                    scheduled={r.id: n for r, n in scheduled.items()},
                     admitted_cached_tokens={},
-                    prefill_tokens=run.chunk,
-                    decode_tokens=decodes,
+                    prefill_tokens=records.run.chunk,
+                    decode_tokens=len(scheduled) - (records.run.prefill is not None),
                     preempted=(),
-                    finished=tuple(r.id for r in finished) if done else (),
-                    running_after=len(ids) - len(finished) if done else len(ids),
+                    finished=tuple(r.id for r in finished),
+                    running_after=len(scheduled) - len(finished),
                     waiting_after=waiting,
                     kv_blocks_in_use=blocks,
                 )
             )
 
 
-def _run_scheduled(run: SteadyRun) -> dict[SimRequest, int]:
-    """Each step of ``run``'s tokens per request, in scheduling order."""
-    scheduled = dict.fromkeys(run.decodes, 1)
-    if run.prefill is not None:
-        scheduled[run.prefill] = run.chunk
-    return scheduled
+class _RunRecords:
+    """What each step of a fast-forwarded run schedules and finishes (taken before the run
+    is applied: the records are made after)."""
+
+    def __init__(self, run: SteadyRun, steps: int) -> None:
+        self.run = run
+        self.scheduled: dict[SimRequest, int] = dict.fromkeys(run.decodes, 1)
+        if run.prefill is not None:
+            self.scheduled[run.prefill] = run.chunk
+        self.finishing: dict[int, list[SimRequest]] = {}
+        """Step → the requests whose last token it produces (in running order)."""
+        for request, last in zip(run.decodes, run.lasts, strict=True):
+            if last <= steps:
+                self.finishing.setdefault(last - 1, []).append(request)
+        self._at = 0
+
+    def step(self, index: int) -> tuple[dict[SimRequest, int], list[SimRequest]]:
+        """Step ``index``'s tokens per request and the requests it finishes; steps are asked
+        for in order."""
+        for gone in range(self._at, index):
+            for request in self.finishing.get(gone, ()):
+                del self.scheduled[request]
+        self._at = max(self._at, index)
+        return self.scheduled, self.finishing.get(index, [])
+
+    def plan(self, index: int) -> StepPlan:
+        """Step ``index`` (the last) as a plan, to be applied as any step in flight is."""
+        scheduled, _ = self.step(index)
+        samples = [request is not self.run.prefill for request in scheduled]
+        return StepPlan(scheduled=list(scheduled.items()), samples=samples)
 
 
 def _shape_with_chunk(decodes: StepShape, before: int, chunk: int) -> StepShape:

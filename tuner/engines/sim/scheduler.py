@@ -36,6 +36,7 @@ the engine schedules step k+1 before step k's output is applied, so:
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -68,6 +69,9 @@ class SteadyRun:
     """How many such steps are certain, starting now (later arrivals aside)."""
     decodes: list[SimRequest]
     """The decoding requests, in running order (every running request but ``prefill``)."""
+    lasts: list[int]
+    """Per decoding request, the steps of the run it is scheduled in (its last token's step
+    is the last of them; fewer than ``steps`` only in a run past finishes)."""
     prefill: SimRequest | None = None
     chunk: int = 0
 
@@ -220,7 +224,7 @@ class Scheduler:
                 samples.append(request.num_computed >= request.num_tokens)
         return plan
 
-    def steady_run(self) -> SteadyRun | None:
+    def steady_run(self, past_finishes: bool = False) -> SteadyRun | None:
         """The steps, starting now, whose composition is certain without scheduling them: every
         running request decoding one token, and at most one, the newest, prefilling a chunk of
         the same size each step (a plain decode run has none). ``None`` when there is no such
@@ -233,6 +237,11 @@ class Scheduler:
         threshold and the running count stay as they are); nobody finishes before the last
         step (the run ends with the first finishing step); and every block allocation fits in
         the free blocks (it ends before a preemption). New arrivals are the caller's to bound.
+
+        ``past_finishes`` (the caller has no client to tell of a finish before the run ends):
+        a plain decode run with nobody waiting goes on past its finishes, the batch shrinking,
+        until the last request finishes (a finish changes nothing else then: nobody can be
+        admitted, and blocks freed only make allocations fit more easily).
         """
         config, running = self.config, self.running
         count = len(running)
@@ -256,23 +265,30 @@ class Scheduler:
                 return None
         if len(decodes) + chunk > config.max_num_batched_tokens:
             return None
+        if self.waiting and not self._head_blocked(
+            count, config.max_num_batched_tokens - len(decodes) - chunk
+        ):
+            return None  # (before the decodes are looked at: the common reason, and cheap)
         lag = 1 if config.async_scheduling else 0
+        lasts: list[int] = []
         for request in reversed(decodes):  # the newest is the likeliest to prefill
             if not self._decoding(request):
                 return None
             # Synchronous: it finishes in the step that samples its last token. Async: its
             # last token is in flight already when it is not scheduled again.
-            steps = min(steps, request.max_tokens - request.num_output - lag)
+            lasts.append(request.max_tokens - request.num_output - lag)
+        lasts.reverse()
+        first_finish = min(lasts, default=steps)
+        if first_finish <= 0:
+            return None
+        if past_finishes and prefill is None and not self.waiting:
+            steps = max(lasts)
+        else:
+            steps = min(steps, first_finish)
+        steps = self._allocations_fit(decodes, lasts, prefill, chunk, steps)
         if steps <= 0:
             return None
-        if self.waiting and not self._head_blocked(
-            count, config.max_num_batched_tokens - len(decodes) - chunk
-        ):
-            return None
-        steps = self._allocations_fit(decodes, prefill, chunk, steps)
-        if steps <= 0:
-            return None
-        return SteadyRun(steps, decodes, prefill, chunk)
+        return SteadyRun(steps, decodes, lasts, prefill, chunk)
 
     def _decoding(self, request: SimRequest) -> bool:
         """Whether the request's next step is a decode (one token after its prompt)."""
@@ -298,20 +314,30 @@ class Scheduler:
         return min(num_new, config.max_num_batched_tokens - (running - 1))
 
     def _allocations_fit(
-        self, decodes: list[SimRequest], prefill: SimRequest | None, chunk: int, steps: int
+        self,
+        decodes: list[SimRequest],
+        lasts: list[int],
+        prefill: SimRequest | None,
+        chunk: int,
+        steps: int,
     ) -> int:
         """How many of the run's first ``steps`` steps have every block allocation fit in the
-        free blocks (request i needs a block whenever its computed tokens reach the end of its
-        last block; the prefill one for each block its chunk enters)."""
+        blocks free now (request i needs a block whenever its computed tokens reach the end of
+        its last block, while it is scheduled; the prefill one for each block its chunk
+        enters). Blocks that finishes free are not counted: the run may end sooner than it
+        must, never later."""
         size = self.config.block_size
         free = self.kv.num_free_blocks
         firsts = [len(r.blocks) * size - r.num_computed for r in decodes]
+        ranges = [
+            range(first, min(last, steps), size) for first, last in zip(firsts, lasts, strict=True)
+        ]
         prefill_total = _prefill_blocks(prefill, chunk, steps, size)
-        if sum(len(range(first, steps, size)) for first in firsts) + prefill_total <= free:
+        if sum(map(len, ranges)) + prefill_total <= free:
             return steps  # every allocation of the whole run fits
         needs_by_step = [0] * steps
-        for first in firsts:
-            for step in range(first, steps, size):
+        for allocations in ranges:
+            for step in allocations:
                 needs_by_step[step] += 1
         if prefill is not None:
             before = 0
@@ -353,55 +379,109 @@ class Scheduler:
         self, run: SteadyRun, steps: int, token_times: list[float]
     ) -> tuple[list[int], list[SimRequest]]:
         """Apply the first ``steps`` steps of ``run`` (as :meth:`steady_run` found it) and the
-        ``len(token_times)`` outputs that arrive meanwhile (synchronous: each step's own;
-        async: the step in flight before the run and all but the run's last). Returns the
-        KV blocks in use during each step, and the requests that finished (their blocks
-        freed, as after any step applied; never any in async, whose run stops first)."""
+        ``steps`` outputs that arrive meanwhile (synchronous: each step's own; async: the step
+        in flight before the run and all but the run's last), at ``token_times``. Returns the
+        KV blocks in use during each step, and the requests that finished, in order (their
+        blocks freed, each as soon as its last token's output was applied, before the next
+        step's allocations: what a free puts back decides what later allocations evict)."""
         kv, size = self.kv, self.config.block_size
         lag = 1 if self.config.async_scheduling else 0  # the last step's token is in flight
-        used = [0] * steps
-        start_used = kv.num_used_blocks
-        finished: list[SimRequest] = []
-        decodes = run.decodes
-        firsts = [len(request.blocks) * size - request.num_computed for request in decodes]
-        counts = [len(range(first, steps, size)) for first in firsts]
-        fresh = kv.new_blocks(sum(counts))  # in running order, as step by step
-        taken = 0
         caching = kv.enable_caching
         times = array("d", token_times)
-        for request, first, allocations in zip(decodes, firsts, counts, strict=True):
-            if allocations:
-                request.blocks += fresh[taken : taken + allocations]
-                taken += allocations
-                for step in range(first, steps, size):
-                    used[step] += 1
+        start_used = kv.num_used_blocks
+        changes = [0] * steps
+        """Per step, the blocks taken less those freed before it."""
+        if run.prefill is not None:
+            self._apply_chunks(run.prefill, run.chunk, steps, changes)
+        freeing: dict[int, list[SimRequest]] = {}
+        """Step → the requests whose last output is applied before it is scheduled (the run's
+        length: after its last step)."""
+        staying: list[tuple[SimRequest, int]] = []
+        for request, last in zip(run.decodes, run.lasts, strict=True):
+            if last + lag <= steps:  # its last token's output lands inside the run
+                freeing.setdefault(last + lag, []).append(request)
+            else:
+                staying.append((request, min(last, steps)))
+        stops = sorted(freeing)
+        if not stops or stops[-1] < steps:
+            stops.append(steps)
+        takers: list[list[tuple[SimRequest, int]]] = [[] for _ in stops]
+        """Per stretch between frees, the requests taking blocks in it and how many."""
+        for request, last in zip(run.decodes, run.lasts, strict=True):
+            first = len(request.blocks) * size - request.num_computed
+            allocations = range(first, min(last, steps), size)
+            if not allocations:
+                continue
+            for step in allocations:
+                changes[step] += 1
+            stretch = bisect_right(stops, allocations[0])
+            end = stops[stretch]
+            if allocations[-1] < end:
+                takers[stretch].append((request, len(allocations)))
+            else:  # across frees: each stretch's blocks are taken before the frees ending it
+                for step in allocations:
+                    while step >= stops[stretch]:
+                        stretch += 1
+                    takers[stretch].append((request, 1))
+        finished: list[SimRequest] = []
+        for stop, stretch in zip(stops, takers, strict=True):
+            fresh = kv.new_blocks(sum(count for _, count in stretch)) if stretch else []
+            taken = 0
+            for request, count in stretch:
+                request.blocks += fresh[taken : taken + count]
+                taken += count
+            if stop in freeing:
+                in_use = kv.num_used_blocks
+                finished += self._finish_run_requests(freeing[stop], times, lag, caching)
+                if stop < steps:
+                    changes[stop] -= in_use - kv.num_used_blocks
+        for request, scheduled in staying:
             computed = request.num_computed
-            request.num_computed = computed + steps
+            request.num_computed = computed + scheduled
             if lag:
                 request.in_flight = 1  # the run's last step (the one before it has landed)
             request.num_output += steps
             request.num_tokens += steps
             request.token_times += times
             if caching:
-                kv.cache_full_blocks(request, computed + steps - lag)
-            if request.num_output >= request.max_tokens:
-                finished.append(request)
-        if run.prefill is not None:
-            self._apply_chunks(run.prefill, run.chunk, steps, used)
-        used = list(accumulate(used, initial=start_used))[1:]
+                kv.cache_full_blocks(request, computed + scheduled - lag)
         if finished:
-            self._retire(finished)
+            done = {id(request) for request in finished}
+            self.running = [r for r in self.running if id(r) not in done]
+        used = list(accumulate(changes, initial=start_used))[1:]
         return used, finished
 
-    def _apply_chunks(self, request: SimRequest, chunk: int, steps: int, used: list[int]) -> None:
+    def _finish_run_requests(
+        self, requests: list[SimRequest], times: array[float], lag: int, caching: bool
+    ) -> list[SimRequest]:
+        """Apply the rest of a run's requests that have just delivered their last token, and
+        free them (``running`` is the caller's to update)."""
+        for request in requests:
+            tokens = request.max_tokens - request.num_output
+            computed = request.num_computed + tokens - lag
+            request.num_computed = computed
+            request.in_flight = request.placeholders = 0
+            request.num_output += tokens
+            request.num_tokens += tokens
+            request.token_times += times[:tokens]
+            if caching:
+                self.kv.cache_full_blocks(request, computed)
+        if self.retired is not None:
+            self.retired += requests
+        for request in requests:
+            request.status = Status.FINISHED
+            self.kv.free(request)
+        return requests
+
+    def _apply_chunks(self, request: SimRequest, chunk: int, steps: int, taken: list[int]) -> None:
         """Schedule ``steps`` chunks of ``chunk`` prompt tokens for ``request`` at once (one
         allocation for them all: the blocks it ends with, cached as far as they are full),
-        adding each step's new blocks to ``used``."""
+        adding to ``taken`` the blocks each step takes."""
         size = self.config.block_size
         before = 0
         for step in range(steps):
             total = _prefill_blocks(request, chunk, step + 1, size)
-            used[step] += total - before
+            taken[step] += total - before
             before = total
         if not self.kv.allocate_slots(request, chunk * steps):
             raise AssertionError("a steady run's chunks were found to fit, yet do not")
