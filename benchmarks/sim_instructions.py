@@ -2,13 +2,15 @@
 (wall time on a shared machine varies by a factor of two; instruction counts do not).
 
     .venv/bin/python benchmarks/sim_instructions.py [--python OTHER/.venv/bin/python ...]
+        [--max-requests N]
 
 Cases: ``benchmarks/sim_speed.py``'s (the Mooncake slice at rate ×0.1 with a 32K context, and
 the Azure slice), each with async and synchronous scheduling, on the shipped
 Llama-3.1-8B/H100 profile. For each interpreter given (each imports the simulator it was
 installed with: a checkout of the code before a change, and this one), every case runs once
 under ``valgrind --tool=callgrind`` with the simulation and once without it (the same imports
-and trace loading); the difference is the simulation's instruction count.
+and trace loading); the difference is the simulation's instruction count. Under valgrind a
+run takes about 60 times as long: ``--max-requests`` replays each slice's first N requests.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
 CASES = ("mooncake", "azure")
 
 
-def child(case: str, scheduling: str, simulate_it: bool) -> None:
+def child(case: str, scheduling: str, simulate_it: bool, max_requests: int | None) -> None:
     """Load the case (and simulate it when asked): what callgrind counts."""
     from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
     from prefill_tuner.trace import ShapeOptions, load_trace
@@ -32,18 +34,21 @@ def child(case: str, scheduling: str, simulate_it: bool) -> None:
     profile = load_profile("llama-3.1-8b-h100")
     overrides: dict[str, object] = {"async_scheduling": scheduling == "async"}
     if case == "mooncake":
-        options = ShapeOptions(rate_scale=0.1, max_model_len=32768)
+        options = ShapeOptions(rate_scale=0.1, max_model_len=32768, max_requests=max_requests)
         trace = load_trace(str(TRACES / "mooncake_conversation_head.jsonl"), options=options)
         overrides["max_model_len"] = 32768
     else:
-        trace = load_trace(str(TRACES / "azure_conv_2023_head.csv"), options=ShapeOptions())
+        options = ShapeOptions(max_requests=max_requests)
+        trace = load_trace(str(TRACES / "azure_conv_2023_head.csv"), options=options)
     config = SimConfig(**{**profile.engine_defaults, **overrides})
     if simulate_it:
         result = simulate(trace, config, profile)
         print(result.steps, result.metrics.tpot_s["p99"])
 
 
-def count(python: str, case: str, scheduling: str, simulate_it: bool) -> int:
+def count(
+    python: str, case: str, scheduling: str, simulate_it: bool, max_requests: int | None
+) -> int:
     """Instructions callgrind counts for one child run."""
     with tempfile.TemporaryDirectory() as tmp:
         run = subprocess.run(
@@ -57,6 +62,7 @@ def count(python: str, case: str, scheduling: str, simulate_it: bool) -> int:
                 case,
                 scheduling,
                 "1" if simulate_it else "0",
+                str(max_requests or 0),
             ],
             capture_output=True,
             text=True,
@@ -77,18 +83,19 @@ def main() -> None:
     )
     parser.add_argument("--case", choices=CASES, action="append")
     parser.add_argument("--scheduling", choices=("async", "sync"), action="append")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--max-requests", type=int, help="replay each slice's first N requests")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        case, scheduling, simulate_it = args.child
-        child(case, scheduling, simulate_it == "1")
+        case, scheduling, simulate_it, max_requests = args.child
+        child(case, scheduling, simulate_it == "1", int(max_requests) or None)
         return
     pythons = args.python or [sys.executable]
     for case in args.case or CASES:
         for scheduling in args.scheduling or ("async", "sync"):
             for python in pythons:
-                base = count(python, case, scheduling, False)
-                total = count(python, case, scheduling, True)
+                base = count(python, case, scheduling, False, args.max_requests)
+                total = count(python, case, scheduling, True, args.max_requests)
                 print(
                     f"{case}, {scheduling}, {python}: simulate() {(total - base) / 1e9:.3f} G "
                     f"instructions (process {total / 1e9:.3f} G, without simulating "
