@@ -131,7 +131,8 @@ def counting_runs() -> Iterator[collections.Counter[str]]:
     apply = Scheduler.apply_steady_run
 
     def counted(self: Scheduler, run: SteadyRun, steps: int, times: list[float]):  # type: ignore[no-untyped-def]
-        kinds["chunk" if run.prefill is not None else "decode"] += 1
+        kinds["chunk" if run.chunks else "decode"] += 1
+        kinds["several chunks"] += len(run.chunks) > 1
         kinds["past finishes"] += any(last < steps for last in run.lasts)
         return apply(self, run, steps, times)
 
@@ -153,6 +154,7 @@ def test_every_kind_of_run_is_fast_forwarded_exactly(async_scheduling: bool) -> 
             for limit in (None, 1 + seed % 3):
                 assert_identical(both_ways(trace, config, profile, limit))
     assert min(kinds["chunk"], kinds["decode"], kinds["past finishes"]) >= 20, kinds
+    assert kinds["several chunks"] >= 5, kinds
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])

@@ -23,7 +23,6 @@ engine sees it then, exactly as it sees an arrival at that time.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -518,7 +517,7 @@ class _Loop:
     def _run_durations(self, run: SteadyRun) -> Iterator[tuple[int, int]]:
         """Each step of ``run``: its total (device and host) time in ticks, as stepping would
         compute it (the same floats), and the requests it schedules."""
-        if run.prefill is None:
+        if not run.chunks:
             return self._decode_durations(run)
         return self._chunk_durations(run)
 
@@ -560,27 +559,20 @@ class _Loop:
             done, chunk = done + size, chunk * 4
 
     def _chunk_durations(self, run: SteadyRun) -> Iterator[tuple[int, int]]:
-        """The steps of a run whose newest request prefills ``run.chunk`` tokens each step,
-        shaped as :func:`_shape` shapes them (each in O(1))."""
-        prefill, chunk = run.prefill, run.chunk
-        assert prefill is not None
+        """The steps of a run with prefill chunks, shaped as :func:`_shape` shapes them
+        (each in time linear in the chunks, not the requests)."""
         count = len(run.decodes)
         context = sum(r.num_computed + 1 for r in run.decodes)
-        before = prefill.num_computed
-        pairs_own = chunk * (chunk + 1) // 2
+        requests = len(run.order)
         step_seconds = self.profile.step_seconds
         for step in range(run.steps):
-            shape = StepShape(
-                prefill_tokens=chunk,
-                decode_tokens=count,
-                requests=count + 1,
-                decode_context_tokens=context + count * step,
-                prefill_context_tokens=before + chunk,
-                prefill_attention_pairs=chunk * before + pairs_own,
-                prefill_chunks=((before, chunk),),
+            shape = _shape_with_chunks(
+                count,
+                requests,
+                context + count * step,
+                [(r.num_computed + chunk * step, chunk) for r, chunk in run.chunks],
             )
-            yield _ns(step_seconds(shape)), count + 1
-            before += chunk
+            yield _ns(step_seconds(shape)), requests
 
     def _sync_steady_run(self, clock: int, arrival: int | None) -> int | None:
         """Apply the steps of fixed composition that start now (:meth:`Scheduler.steady_run`),
@@ -647,18 +639,14 @@ class _Loop:
         records = _RunRecords(run, steps)
         self._emit(previous, [])  # (nobody's last token was in it)
         arrived = [previous.end, *ends[:-1]]
-        before = run.prefill.num_computed + run.chunk * (steps - 1) if run.prefill else 0
+        chunks = [(r.num_computed + chunk * (steps - 1), chunk) for r, chunk in run.chunks]
         used, _ = scheduler.apply_steady_run(run, steps, [end / NS for end in arrived])
         self.peak_blocks = max(self.peak_blocks, *used)
         self._emit_run(records, starts[:-1], ends[:-1], used[:-1])
         last = records.plan(steps - 1)
-        shape = StepShape(decode_tokens=len(last.scheduled), requests=len(last.scheduled))
-        if run.prefill is not None:
-            shape = _shape_with_chunk(
-                StepShape(decode_tokens=len(run.decodes), requests=len(last.scheduled)),
-                before,
-                run.chunk,
-            )
+        decodes = len(last.scheduled) - len(chunks)
+        # (What its record says of it; its time is known.)
+        shape = _shape_with_chunks(decodes, len(last.scheduled), 0, chunks)
         queue.append(_InFlight(self.step_index, last, shape, starts[-1], ends[-1], used[-1]))
         self.step_index += 1
         return host, device_free
@@ -682,8 +670,8 @@ class _Loop:
                     duration_s=(end - start) / NS,
                     scheduled={r.id: n for r, n in scheduled.items()},
                     admitted_cached_tokens={},
-                    prefill_tokens=records.run.chunk,
-                    decode_tokens=len(scheduled) - (records.run.prefill is not None),
+                    prefill_tokens=records.run.prefill_tokens,
+                    decode_tokens=len(scheduled) - len(records.run.chunks),
                     preempted=(),
                     finished=tuple(r.id for r in finished),
                     running_after=len(scheduled) - len(finished),
@@ -699,9 +687,8 @@ class _RunRecords:
 
     def __init__(self, run: SteadyRun, steps: int) -> None:
         self.run = run
-        self.scheduled: dict[SimRequest, int] = dict.fromkeys(run.decodes, 1)
-        if run.prefill is not None:
-            self.scheduled[run.prefill] = run.chunk
+        self.scheduled: dict[SimRequest, int] = dict(run.order)
+        self.prefilling = {id(request) for request, _ in run.chunks}
         self.finishing: dict[int, list[SimRequest]] = {}
         """Step → the requests whose last token it produces (in running order)."""
         for request, last in zip(run.decodes, run.lasts, strict=True):
@@ -721,19 +708,28 @@ class _RunRecords:
     def plan(self, index: int) -> StepPlan:
         """Step ``index`` (the last) as a plan, to be applied as any step in flight is."""
         scheduled, _ = self.step(index)
-        samples = [request is not self.run.prefill for request in scheduled]
+        samples = [id(request) not in self.prefilling for request in scheduled]
         return StepPlan(scheduled=list(scheduled.items()), samples=samples)
 
 
-def _shape_with_chunk(decodes: StepShape, before: int, chunk: int) -> StepShape:
-    """``decodes`` (a step's decodes' shape) with a prefill chunk of ``chunk`` tokens after
-    ``before`` computed ones, as :func:`shape_of` adds it."""
-    return dataclasses.replace(
-        decodes,
-        prefill_tokens=chunk,
-        prefill_context_tokens=before + chunk,
-        prefill_attention_pairs=chunk * before + chunk * (chunk + 1) // 2,
-        prefill_chunks=((before, chunk),),
+def _shape_with_chunks(
+    decodes: int, requests: int, decode_context: int, chunks: list[tuple[int, int]]
+) -> StepShape:
+    """A step's shape from its decodes (how many, their contexts' sum) and its prefill chunks
+    ``(tokens computed before, tokens)`` in scheduling order, as :func:`shape_of` makes it."""
+    prefill = prefill_context = pairs = 0
+    for before, tokens in chunks:
+        prefill += tokens
+        prefill_context += before + tokens
+        pairs += tokens * before + tokens * (tokens + 1) // 2
+    return StepShape(
+        prefill_tokens=prefill,
+        decode_tokens=decodes,
+        requests=requests,
+        decode_context_tokens=decode_context,
+        prefill_context_tokens=prefill_context,
+        prefill_attention_pairs=pairs,
+        prefill_chunks=tuple(chunks),
     )
 
 

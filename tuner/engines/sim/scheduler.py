@@ -59,27 +59,42 @@ class StepPlan:
     """Requests admitted from the waiting queue → tokens already computed (prefix hit)."""
 
 
+Scheduled = tuple[SimRequest, int]
+"""A request and the tokens a step gives it."""
+
+
 @dataclass(frozen=True, slots=True)
 class SteadyRun:
-    """Steps whose composition is fixed (:meth:`Scheduler.steady_run`): every one decodes
-    ``decodes`` (one token each) and, when there is one, gives ``prefill`` (the newest running
-    request) ``chunk`` more tokens of its prompt without completing it."""
+    """Steps whose composition is fixed (:meth:`Scheduler.steady_run`): every one gives each
+    running request the same tokens, one to each of ``decodes``, ``chunks``' count of its
+    prompt to each prefilling request, none of which completes its prompt in the run."""
 
     steps: int
     """How many such steps are certain, starting now (later arrivals aside)."""
     decodes: list[SimRequest]
-    """The decoding requests, in running order (every running request but ``prefill``)."""
+    """The decoding requests, in running order."""
     lasts: list[int]
     """Per decoding request, the steps of the run it is scheduled in (its last token's step
     is the last of them; fewer than ``steps`` only in a run past finishes)."""
-    prefill: SimRequest | None = None
-    chunk: int = 0
+    chunks: list[Scheduled]
+    """The prefilling requests, in running order, with the tokens each step gives them."""
+    order: list[Scheduled]
+    """Every running request with its tokens per step, in running (scheduling) order."""
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(chunk for _, chunk in self.chunks)
 
 
-def _prefill_blocks(request: SimRequest | None, chunk: int, steps: int, size: int) -> int:
-    """New KV blocks ``steps`` chunks of ``chunk`` tokens take for ``request`` (0: none)."""
-    if request is None:
-        return 0
+def _chunk_steps(request: SimRequest, chunk: int, max_model_len: int) -> int:
+    """Steps in which ``request`` can take ``chunk`` tokens without completing its prompt
+    (nor reaching ``max_model_len - 1`` computed tokens, where ``schedule()`` caps it)."""
+    remaining = request.num_tokens - request.num_computed
+    return min((remaining - 1) // chunk, (max_model_len - 1 - request.num_computed) // chunk)
+
+
+def _prefill_blocks(request: SimRequest, chunk: int, steps: int, size: int) -> int:
+    """New KV blocks ``steps`` chunks of ``chunk`` tokens take for ``request``."""
     need = -(-(request.num_computed + chunk * steps) // size)
     return max(need - len(request.blocks), 0)
 
@@ -225,18 +240,18 @@ class Scheduler:
         return plan
 
     def steady_run(self, past_finishes: bool = False) -> SteadyRun | None:
-        """The steps, starting now, whose composition is certain without scheduling them: every
-        running request decoding one token, and at most one, the newest, prefilling a chunk of
-        the same size each step (a plain decode run has none). ``None`` when there is no such
-        step.
+        """The steps, starting now, whose composition is certain without scheduling them:
+        every running request scheduled, each decoding one token or prefilling a chunk of the
+        same size each step (``schedule()``'s chunk: the threshold, then the budget the
+        requests before it leave). ``None`` when there is no such step.
 
-        That holds while: the decodes (and the chunk) fit the budget and the chunk is not the
-        prompt's last (that one samples, and is smaller); the waiting queue is empty, or its
-        head cannot be admitted during the run (free KV blocks only shrink while nobody
-        finishes, its prefix hit can only shrink, and the budget left, the long-prefill
-        threshold and the running count stay as they are); nobody finishes before the last
-        step (the run ends with the first finishing step); and every block allocation fits in
-        the free blocks (it ends before a preemption). New arrivals are the caller's to bound.
+        That holds while: every running request fits the budget and no chunk is its prompt's
+        last (that one samples, and is smaller); the waiting queue is empty, or its head
+        cannot be admitted during the run (free KV blocks only shrink while nobody finishes,
+        its prefix hit can only shrink, and the budget left, the long-prefill threshold and
+        the running count stay as they are); nobody finishes before the last step (the run
+        ends with the first finishing step); and every block allocation fits in the free
+        blocks (it ends before a preemption). New arrivals are the caller's to bound.
 
         ``past_finishes`` (the caller has no client to tell of a finish before the run ends):
         a plain decode run with nobody waiting goes on past its finishes, the batch shrinking,
@@ -244,86 +259,107 @@ class Scheduler:
         admitted, and blocks freed only make allocations fit more easily).
         """
         config, running = self.config, self.running
-        count = len(running)
-        if not count or (config.async_scheduling and self.num_stale):
+        if not running or (config.async_scheduling and self.num_stale):
             return None  # async: a waiting request becomes resumable when its stale output lands
-        steps = config.max_model_len
-        prefill: SimRequest | None = None
-        chunk = 0
-        decodes = running
-        newest = running[-1]
-        if not self._decoding(newest):
-            prefill, decodes = newest, running[:-1]
-            chunk = self._steady_chunk(newest, count)
-            if chunk <= 0:
-                return None
-            remaining = newest.num_tokens - newest.num_computed
-            steps = min(
-                (remaining - 1) // chunk, (config.max_model_len - 1 - newest.num_computed) // chunk
-            )
-            if steps <= 0:
-                return None
-        if len(decodes) + chunk > config.max_num_batched_tokens:
+        composition = self._steady_composition()
+        if composition is None:
             return None
-        if self.waiting and not self._head_blocked(
-            count, config.max_num_batched_tokens - len(decodes) - chunk
-        ):
-            return None  # (before the decodes are looked at: the common reason, and cheap)
-        lag = 1 if config.async_scheduling else 0
-        lasts: list[int] = []
-        for request in reversed(decodes):  # the newest is the likeliest to prefill
-            if not self._decoding(request):
-                return None
-            # Synchronous: it finishes in the step that samples its last token. Async: its
-            # last token is in flight already when it is not scheduled again.
-            lasts.append(request.max_tokens - request.num_output - lag)
-        lasts.reverse()
+        steps, budget, decodes, lasts, chunks, order = composition
+        if self.waiting and not self._head_blocked(len(running), budget):
+            return None
         first_finish = min(lasts, default=steps)
         if first_finish <= 0:
             return None
-        if past_finishes and prefill is None and not self.waiting:
+        if past_finishes and not chunks and not self.waiting:
             steps = max(lasts)
         else:
             steps = min(steps, first_finish)
-        steps = self._allocations_fit(decodes, lasts, prefill, chunk, steps)
+        steps = self._allocations_fit(decodes, lasts, chunks, steps)
         if steps <= 0:
             return None
-        return SteadyRun(steps, decodes, lasts, prefill, chunk)
+        return SteadyRun(steps, decodes, lasts, chunks, order)
 
-    def _decoding(self, request: SimRequest) -> bool:
-        """Whether the request's next step is a decode (one token after its prompt)."""
-        if self.config.async_scheduling:
-            # Exactly its next token in flight (the step before), and no more.
-            return request.placeholders == 1 and request.num_computed == request.num_tokens
-        # Its last token sampled (a last 1-token chunk of a prompt is not a decode).
-        return request.num_computed == request.num_tokens - 1 and request.num_output > 0
-
-    def _steady_chunk(self, request: SimRequest, running: int) -> int:
-        """The chunk ``schedule()`` gives the newest running request, a prefill, when every
-        request before it decodes (the threshold, then the budget the decodes leave)."""
+    def _steady_composition(
+        self,
+    ) -> tuple[int, int, list[SimRequest], list[int], list[Scheduled], list[Scheduled]] | None:
+        """What ``schedule()`` would give each running request, if it gives each one a decode
+        or a chunk that it can repeat: the steps the chunks allow, the budget left, the
+        decodes and their steps until their last token, the chunks, and everything in order."""
         config = self.config
-        if request.placeholders or request.stale:
-            return 0  # async: its prompt's last chunk is in flight (or it is being preempted)
-        num_new = request.num_tokens - request.num_computed
-        eligible = running + len(self.waiting)
+        running = self.running
+        budget = config.max_num_batched_tokens
+        eligible = len(running) + len(self.waiting)
         threshold = config.long_prefill_token_threshold if eligible > 1 else 0
         if threshold > 0 and config.long_prefill_token_threshold_adaptive:
             threshold = max(threshold, config.max_num_batched_tokens // eligible)
-        if 0 < threshold < num_new:
-            num_new = threshold
-        return min(num_new, config.max_num_batched_tokens - (running - 1))
+        max_model_len = config.max_model_len
+        steps = max_model_len
+        decodes: list[SimRequest] = []
+        lasts: list[int] = []
+        chunks: list[Scheduled] = []
+        order: list[Scheduled] = []
+        if config.async_scheduling:
+            lag = 1  # its last token is in flight already when it is not scheduled again
+            for request in running:
+                if budget <= 0:
+                    return None
+                # Exactly its next token in flight (the step before), and no more.
+                if request.placeholders == 1 and request.num_computed == request.num_tokens:
+                    decodes.append(request)
+                    lasts.append(request.max_tokens - request.num_output - lag)
+                    order.append((request, 1))
+                    budget -= 1
+                    continue
+                if request.placeholders or request.stale:
+                    return None  # its prompt's last chunk is in flight
+                chunk = self._repeatable_chunk(request, threshold, budget)
+                if chunk <= 0:
+                    return None
+                steps = min(steps, _chunk_steps(request, chunk, max_model_len))
+                chunks.append((request, chunk))
+                order.append((request, chunk))
+                budget -= chunk
+        else:
+            for request in running:
+                if budget <= 0:
+                    return None
+                # Its last token sampled (a last 1-token chunk of a prompt is not a decode).
+                if request.num_computed == request.num_tokens - 1 and request.num_output:
+                    decodes.append(request)
+                    lasts.append(request.max_tokens - request.num_output)
+                    order.append((request, 1))
+                    budget -= 1
+                    continue
+                chunk = self._repeatable_chunk(request, threshold, budget)
+                if chunk <= 0:
+                    return None
+                steps = min(steps, _chunk_steps(request, chunk, max_model_len))
+                chunks.append((request, chunk))
+                order.append((request, chunk))
+                budget -= chunk
+        if steps <= 0:
+            return None
+        return steps, budget, decodes, lasts, chunks, order
+
+    @staticmethod
+    def _repeatable_chunk(request: SimRequest, threshold: int, budget: int) -> int:
+        """The chunk ``schedule()`` gives a prefilling running request (the threshold, then
+        the budget), or 0 when it is the prompt's last (it samples, and the next differs)."""
+        remaining = request.num_tokens - request.num_computed
+        num_new = threshold if 0 < threshold < remaining else remaining
+        num_new = min(num_new, budget)
+        return num_new if num_new < remaining else 0
 
     def _allocations_fit(
         self,
         decodes: list[SimRequest],
         lasts: list[int],
-        prefill: SimRequest | None,
-        chunk: int,
+        chunks: list[Scheduled],
         steps: int,
     ) -> int:
         """How many of the run's first ``steps`` steps have every block allocation fit in the
         blocks free now (request i needs a block whenever its computed tokens reach the end of
-        its last block, while it is scheduled; the prefill one for each block its chunk
+        its last block, while it is scheduled; a prefilling one for each block its chunk
         enters). Blocks that finishes free are not counted: the run may end sooner than it
         must, never later."""
         size = self.config.block_size
@@ -332,17 +368,17 @@ class Scheduler:
         ranges = [
             range(first, min(last, steps), size) for first, last in zip(firsts, lasts, strict=True)
         ]
-        prefill_total = _prefill_blocks(prefill, chunk, steps, size)
-        if sum(map(len, ranges)) + prefill_total <= free:
+        chunk_total = sum(_prefill_blocks(r, chunk, steps, size) for r, chunk in chunks)
+        if sum(map(len, ranges)) + chunk_total <= free:
             return steps  # every allocation of the whole run fits
         needs_by_step = [0] * steps
         for allocations in ranges:
             for step in allocations:
                 needs_by_step[step] += 1
-        if prefill is not None:
+        for request, chunk in chunks:
             before = 0
             for step in range(steps):
-                total = _prefill_blocks(prefill, chunk, step + 1, size)
+                total = _prefill_blocks(request, chunk, step + 1, size)
                 needs_by_step[step] += total - before
                 before = total
         for step, total in enumerate(accumulate(needs_by_step)):
@@ -391,8 +427,8 @@ class Scheduler:
         start_used = kv.num_used_blocks
         changes = [0] * steps
         """Per step, the blocks taken less those freed before it."""
-        if run.prefill is not None:
-            self._apply_chunks(run.prefill, run.chunk, steps, changes)
+        for request, chunk in run.chunks:
+            self._apply_chunks(request, chunk, steps, changes)
         freeing: dict[int, list[SimRequest]] = {}
         """Step → the requests whose last output is applied before it is scheduled (the run's
         length: after its last step)."""
