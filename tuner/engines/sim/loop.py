@@ -545,12 +545,12 @@ class _Loop:
 
     def _decode_stretch(self, count: int, context: int, steps: int) -> Iterator[int]:
         """``steps`` plain decode steps of ``count`` requests whose contexts sum to ``context``
-        in the first: the first :data:`SCALAR_STEPS` timed without numpy, then a growing chunk at
-        a time by the profile's ``decode_run_seconds`` (most runs end at an arrival long
+        in the first: the first :data:`SCALAR_STEPS` timed without numpy, then a growing chunk
+        at a time by the profile's ``decode_run_seconds`` (most runs end at an arrival long
         before ``steps``)."""
         done = min(SCALAR_STEPS, steps)
-        for seconds in self.profile.decode_steps_seconds(count, context, done):
-            yield _ns(seconds)
+        for one in self.profile.decode_steps_seconds(count, context, done):
+            yield _ns(one)
         chunk = DURATION_CHUNK
         while done < steps:
             size = min(chunk, steps - done)

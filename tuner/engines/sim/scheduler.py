@@ -460,10 +460,10 @@ class Scheduler:
                         stretch += 1
                     takers[stretch].append((request, 1))
         finished: list[SimRequest] = []
-        for stop, stretch in zip(stops, takers, strict=True):
-            fresh = kv.new_blocks(sum(count for _, count in stretch)) if stretch else []
+        for stop, takes in zip(stops, takers, strict=True):
+            fresh = kv.new_blocks(sum(count for _, count in takes)) if takes else []
             taken = 0
-            for request, count in stretch:
+            for request, count in takes:
                 request.blocks += fresh[taken : taken + count]
                 taken += count
             if stop in freeing:
