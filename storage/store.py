@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, selectinload
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import SQLITE_HEADER
 from prefill_tuner.redaction import redact
+from prefill_tuner.storage.batched import tune_sqlite
 from prefill_tuner.storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
 
 
@@ -83,6 +84,7 @@ class TunerStore:
             self.engine: Engine = create_engine(parsed, future=True)
             if parsed.get_backend_name() == "sqlite":
                 _check_sqlite_file(self.engine)
+                tune_sqlite(self.engine)  # WAL, synchronous=NORMAL: see storage/batched.py
             Base.metadata.create_all(self.engine)
             _add_new_columns(self.engine)
         except SQLAlchemyError as exc:
