@@ -117,7 +117,10 @@ def request_templates(trace: Trace) -> list[RequestTemplate]:
     templates = [RequestTemplate(request, interner) for request in trace.requests]
     for template in templates:
         template.narrow_sharing(interner)
-    _TEMPLATES[key] = (weakref.ref(trace, lambda _, key=key: _TEMPLATES.pop(key, None)), templates)
+    def forget(_: weakref.ref[Trace]) -> None:
+        _TEMPLATES.pop(key, None)
+
+    _TEMPLATES[key] = (weakref.ref(trace, forget), templates)
     return templates
 
 
@@ -132,6 +135,7 @@ class SimRequest:
         "id",
         "in_flight",
         "index",
+        "keys",
         "max_tokens",
         "num_cached_blocks",
         "num_computed",
@@ -192,6 +196,18 @@ class SimRequest:
         never changed)."""
         self.shared_tokens = template.shared_tokens
         self.shareable_tokens = template.shareable_tokens
+        self.keys: list[int] = []
+        """The block keys of the request's leading blocks, as far as the KV cache has asked
+        (:meth:`keys_to`): each block's key is computed once however often it is registered,
+        freed or evicted."""
+
+    def keys_to(self, end: int, block_size: int) -> list[int]:
+        """:attr:`keys`, made to cover at least blocks ``0`` to ``end - 1`` (a block's key
+        depends on its index alone: :meth:`block_keys`)."""
+        keys = self.keys
+        if len(keys) < end:
+            keys += self.block_keys(len(keys), end, block_size)
+        return keys
 
     def block_keys(self, start: int, end: int, block_size: int) -> list[int]:
         """Prefix-cache identities of the request's KV blocks ``start`` to ``end - 1``.
