@@ -117,6 +117,7 @@ def request_templates(trace: Trace) -> list[RequestTemplate]:
     templates = [RequestTemplate(request, interner) for request in trace.requests]
     for template in templates:
         template.narrow_sharing(interner)
+
     def forget(_: weakref.ref[Trace]) -> None:
         _TEMPLATES.pop(key, None)
 
