@@ -2,7 +2,7 @@
 prefix-cache bookkeeping is heaviest), by ``time.process_time``: on a shared machine CPU time
 moves far less with the load than wall time does.
 
-    .venv/bin/python benchmarks/kv_cpu.py [--repeat 3] [--max-requests N]
+    .venv/bin/python benchmarks/kv_cpu.py [--repeat 3] [--max-requests N] [--trace FILE]
 
 Prints one line: the case, each run's CPU seconds and their median. Run it with two checkouts'
 interpreters alternately (before, after, before, ...) to compare them.
@@ -31,10 +31,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--max-requests", type=int, default=None)
     parser.add_argument("--scheduling", choices=("async", "sync"), default="async")
+    parser.add_argument("--trace", default=str(MOONCAKE), help="the Mooncake slice's file")
     args = parser.parse_args()
     profile = load_profile("llama-3.1-8b-h100")
     shaping = ShapeOptions(rate_scale=0.1, max_model_len=32768, max_requests=args.max_requests)
-    trace = load_trace(str(MOONCAKE), options=shaping)
+    trace = load_trace(args.trace, options=shaping)
     config = SimConfig(
         **{
             **profile.engine_defaults,

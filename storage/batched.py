@@ -163,8 +163,7 @@ class BatchedStorage(RDBStorage):
 
         while self._pending:
             trial_id, pending = next(iter(self._pending.items()))
-            with _create_scoped_session(self.scoped_session) as session:
-                del session  # the scoped session, used by _write
+            with _create_scoped_session(self.scoped_session):  # the session _write adds to
                 self._write(pending, trial_id)
             del self._pending[trial_id]
 

@@ -92,6 +92,17 @@ class TunerStore:
                 f"cannot open the storage {redact_url(url)}: {storage_error(exc, url)}"
             ) from None
 
+    def checkpoint(self) -> None:
+        """SQLite: copy what the write-ahead log holds into the database file and empty the
+        log (``PRAGMA wal_checkpoint(TRUNCATE)``), so that the file alone holds everything
+        committed (one copied or checked without its ``-wal`` is whole). SQLite does this
+        itself when a file's last connection closes; a job ends with this instead of
+        relying on that. Nothing for other databases."""
+        if self.engine.dialect.name != "sqlite":
+            return
+        with self.engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def session(self) -> Session:
         return Session(self.engine, expire_on_commit=False)
 
