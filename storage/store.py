@@ -26,6 +26,7 @@ from prefill_tuner.files import SQLITE_HEADER
 from prefill_tuner.redaction import redact
 from prefill_tuner.search_spaces.render import canonical_command
 from prefill_tuner.search_spaces.rules import canonical
+from prefill_tuner.storage.batched import tune_sqlite
 from prefill_tuner.storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
 
 
@@ -85,12 +86,24 @@ class TunerStore:
             self.engine: Engine = create_engine(parsed, future=True)
             if parsed.get_backend_name() == "sqlite":
                 _check_sqlite_file(self.engine)
+                tune_sqlite(self.engine)  # WAL, synchronous=NORMAL: see storage/batched.py
             Base.metadata.create_all(self.engine)
             _add_new_columns(self.engine)
         except SQLAlchemyError as exc:
             raise TunerError(
                 f"cannot open the storage {redact_url(url)}: {storage_error(exc, url)}"
             ) from None
+
+    def checkpoint(self) -> None:
+        """SQLite: copy what the write-ahead log holds into the database file and empty the
+        log (``PRAGMA wal_checkpoint(TRUNCATE)``), so that the file alone holds everything
+        committed (one copied or checked without its ``-wal`` is whole). SQLite does this
+        itself when a file's last connection closes; a job ends with this instead of
+        relying on that. Nothing for other databases."""
+        if self.engine.dialect.name != "sqlite":
+            return
+        with self.engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def session(self) -> Session:
         return Session(self.engine, expire_on_commit=False)

@@ -30,6 +30,7 @@ from prefill_tuner.objectives.scoring import Verdict
 from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.rules import effective_settings
 from prefill_tuner.search_spaces.space import baseline_outside_note
+from prefill_tuner.storage.batched import BatchedStorage, write_now
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TrialRow, TunerStore
 from prefill_tuner.study.evaluation import capacity_search, objective_value, verdict_of
@@ -235,7 +236,7 @@ def open_study(
     directions = study_directions(plan)
     try:
         study = optuna.create_study(
-            storage=plan.storage_url,
+            storage=BatchedStorage(plan.storage_url),
             study_name=plan.name,
             directions=directions,
             load_if_exists=True,
@@ -491,6 +492,8 @@ class TrialObjective:
         same = None if trial.user_attrs.get("baseline") else self._same_as(trial, settings)
         if same is not None:
             return self._reuse(trial, same, settings, repairs, started_at, started)
+        # Its settings and runner, stored before it runs: a crash reruns them.
+        write_now(trial.study)
         label = f"{plan.name}-trial-{trial.number:04d}"
         if plan.objective_mode == "capacity":
             run, verdict, multiplier = capacity_search(

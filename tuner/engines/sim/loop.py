@@ -32,7 +32,7 @@ import numpy as np
 
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel, StepShape, shape_of
-from prefill_tuner.engines.sim.request import PrefixInterner, SimRequest, Status
+from prefill_tuner.engines.sim.request import SimRequest, Status, request_templates
 from prefill_tuner.engines.sim.scheduler import Scheduler, SteadyRun, StepPlan
 from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics, summarize_run
 from prefill_tuner.trace.model import Trace
@@ -204,10 +204,7 @@ def prepare_requests(
 ) -> tuple[list[SimRequest], list[SimRequest], dict[int, str]]:
     """Every request of the trace in the engine's terms, those the engine accepts, and why
     the others were rejected (by index)."""
-    interner = PrefixInterner()
-    requests = [SimRequest(i, r, interner) for i, r in enumerate(trace.requests)]
-    for request in requests:
-        request.narrow_sharing(interner)
+    requests = [SimRequest(i, t) for i, t in enumerate(request_templates(trace))]
     errors: dict[int, str] = {}
     accepted: list[SimRequest] = []
     for request in requests:
