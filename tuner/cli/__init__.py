@@ -33,6 +33,7 @@ from prefill_tuner.cli.worker_cmd import worker_command
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import WRITE_FAILURES
 from prefill_tuner.redaction import redact_text
+from prefill_tuner.storage.batched import close_databases
 from prefill_tuner.storage.store import mask_password, storage_error
 from prefill_tuner.version import __version__
 
@@ -95,6 +96,7 @@ def main() -> None:
         try:
             code = app(standalone_mode=False, prog_name="tune")  # errors: said in one line
         finally:
+            close_databases()  # the study is one file again: its WAL checkpointed and removed
             if sys.stdout is not None:
                 sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
     except SystemExit as exit_:

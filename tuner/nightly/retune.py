@@ -34,6 +34,7 @@ from prefill_tuner.output.html import write_report
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.space import knob_availability
+from prefill_tuner.storage.batched import optuna_storage
 from prefill_tuner.storage.models import NightlyRun
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.evaluation import verdict_of
@@ -346,7 +347,7 @@ def _warm_start(
     if record is None:
         return 0
     try:
-        last = optuna.load_study(study_name=record.name, storage=plan.storage_url)
+        last = optuna.load_study(study_name=record.name, storage=optuna_storage(plan.storage_url))
     except KeyError:
         return 0
     trials = store.trials(record)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import optuna
 from pydantic import BaseModel, ConfigDict, Field
 
+from prefill_tuner.storage.batched import optuna_storage
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.headroom import HEADROOM_RULE, Check, HeadroomReport
@@ -453,7 +454,7 @@ def trials_document(
 def optuna_trials(store: TunerStore, name: str) -> list[optuna.trial.FrozenTrial]:
     """The Optuna study's trials (none when the study has no Optuna side)."""
     try:
-        study = optuna.load_study(study_name=name, storage=store.url)
+        study = optuna.load_study(study_name=name, storage=optuna_storage(store.url))
     except KeyError:
         return []
     return study.get_trials(deepcopy=False)

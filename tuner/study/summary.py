@@ -21,6 +21,7 @@ from prefill_tuner.files import read_input
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import command_yaml
+from prefill_tuner.storage.batched import optuna_storage
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.study.headroom import HEADROOM_RULE, HeadroomReport
@@ -209,7 +210,7 @@ def summarize_stored(store: TunerStore, name: str) -> StudySummary:
     record = store.get_study(name)
     if record is None:
         raise TunerError(f"`name` {name}: no such study in {redact_url(store.url)}")
-    study = optuna.load_study(study_name=name, storage=store.url)
+    study = optuna.load_study(study_name=name, storage=optuna_storage(store.url))
     return summarize_study(study, record, store.trials(record))
 
 

@@ -34,6 +34,7 @@ from prefill_tuner.output.html.figures import (
     timeline_figure,
 )
 from prefill_tuner.search_spaces.render import command_yaml
+from prefill_tuner.storage.batched import optuna_storage
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.recommend import RULE
@@ -83,7 +84,7 @@ def render_report(store: TunerStore, study_name: str) -> str:
     record = summary.study
     trials = sorted(store.trials(record), key=lambda t: t.trial_number)
     try:
-        study = optuna.load_study(study_name=record.name, storage=store.url)
+        study = optuna.load_study(study_name=record.name, storage=optuna_storage(store.url))
     except KeyError:
         raise TunerError(f"study {record.name}: no Optuna study of that name") from None
     limits = {slo.name: slo.limit_s for slo in parse_slos(list(record.slos))}
