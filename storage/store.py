@@ -24,6 +24,9 @@ from sqlalchemy.orm import Session, selectinload
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import SQLITE_HEADER
 from prefill_tuner.redaction import redact
+from prefill_tuner.search_spaces.render import canonical_command
+from prefill_tuner.search_spaces.rules import canonical
+from prefill_tuner.storage.batched import tune_sqlite
 from prefill_tuner.storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
 
 
@@ -83,12 +86,24 @@ class TunerStore:
             self.engine: Engine = create_engine(parsed, future=True)
             if parsed.get_backend_name() == "sqlite":
                 _check_sqlite_file(self.engine)
+                tune_sqlite(self.engine)  # WAL, synchronous=NORMAL: see storage/batched.py
             Base.metadata.create_all(self.engine)
             _add_new_columns(self.engine)
         except SQLAlchemyError as exc:
             raise TunerError(
                 f"cannot open the storage {redact_url(url)}: {storage_error(exc, url)}"
             ) from None
+
+    def checkpoint(self) -> None:
+        """SQLite: copy what the write-ahead log holds into the database file and empty the
+        log (``PRAGMA wal_checkpoint(TRUNCATE)``), so that the file alone holds everything
+        committed (one copied or checked without its ``-wal`` is whole). SQLite does this
+        itself when a file's last connection closes; a job ends with this instead of
+        relying on that. Nothing for other databases."""
+        if self.engine.dialect.name != "sqlite":
+            return
+        with self.engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def session(self) -> Session:
         return Session(self.engine, expire_on_commit=False)
@@ -234,13 +249,30 @@ class TunerStore:
             session.add(run)
 
     def trials(self, study: StudyRecord) -> Sequence[TrialRecord]:
+        """The study's trials, in trial order, each as recorded but with its settings and serve
+        line in their canonical form (:func:`_canonical_trial`)."""
         with self.session() as session:
-            return session.scalars(
+            rows = session.scalars(
                 select(TrialRecord)
                 .where(TrialRecord.study_id == study.id)
                 .options(selectinload(TrialRecord.engine_version))
                 .order_by(TrialRecord.trial_number)
             ).all()
+        for row in rows:  # detached: nothing changed here is written back
+            _canonical_trial(row)
+        return rows
+
+
+def _canonical_trial(row: TrialRecord) -> None:
+    """An earlier version recorded some trials with a ``long_prefill_token_threshold`` at or
+    above their budget, where it caps nothing: they ran exactly as with it off, so they read
+    as off (settings, serve line, and a note among the repairs), and no report or export of
+    an old study carries the dead flag."""
+    settings, notes = canonical(row.settings or {})
+    if notes:
+        row.settings = settings
+        row.serve_command = canonical_command(row.serve_command)
+        row.repairs = [*(row.repairs or []), *notes]
 
 
 _STUDY_LOCKS_HELD: set[str] = set()

@@ -69,3 +69,61 @@ def random_scenario(seed: int, *, async_scheduling: bool = False) -> tuple[Trace
         async_scheduling=async_scheduling,
     )
     return Trace(tuple(requests)), config
+
+
+def prefix_heavy_scenario(seed: int, *, async_scheduling: bool = False) -> tuple[Trace, SimConfig]:
+    """Scenario ``seed`` of conversations under eviction pressure: every request continues one
+    of a few conversations (its prompt is the conversation so far, so its prefix blocks are
+    the previous turn's plus new ones), often after a system prompt all share; the pool holds
+    a few prompts at most, so cached prefixes are evicted, hit again, preempted and resumed."""
+    rng = np.random.default_rng(10_000 + seed)
+    block_size = int(rng.choice([2, 4, 8, 16]))
+    trace_block = block_size * int(rng.choice([1, 2, 4]))
+    max_model_len = 512
+    system = tuple(range(int(rng.integers(0, 4))))  # block ids shared by every conversation
+    conversations: list[tuple[int, ...]] = [system for _ in range(int(rng.integers(1, 5)))]
+    requests = []
+    clock = 0.0
+    for index in range(int(rng.integers(8, 41))):
+        clock += float(rng.choice([0.0, 0.0, rng.uniform(0, 2)]))
+        which = int(rng.integers(0, len(conversations)))
+        history = conversations[which]
+        if len(history) * trace_block > max_model_len // 2 or rng.random() < 0.1:
+            history = system  # a new conversation in its place
+        added = int(rng.integers(1, 5))
+        blocks = history + tuple(1000 * (which + 1) + 10 * index + j for j in range(added))
+        conversations[which] = blocks
+        # The prompt ends inside or past its last block (past: tokens no block describes).
+        prompt = max(1, len(blocks) * trace_block - int(rng.integers(-trace_block, trace_block)))
+        prompt = min(prompt, max_model_len - 30)
+        requests.append(
+            Request(
+                id=f"r{index}",
+                arrival_s=round(clock, 3),
+                prompt_tokens=prompt,
+                output_tokens=int(rng.integers(1, 30)),
+                prefix_blocks=blocks,
+                prefix_block_size=trace_block,
+            )
+        )
+    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
+    max_num_seqs = int(rng.integers(1, 9))
+    chunked = rng.random() < 0.8
+    budget = int(rng.integers(max(max_num_seqs, 8), 257)) if chunked else max_model_len
+    needed = -(-longest // block_size)
+    num_blocks = int(rng.integers(needed + 2, 3 * needed + 4))
+    max_model_len = min(max_model_len, (num_blocks - 1) * block_size)
+    config = SimConfig(
+        max_num_batched_tokens=budget if chunked else max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=int(rng.choice([0, 0, rng.integers(1, 65)])),
+        scheduler_reserve_full_isl=bool(rng.random() < 0.6),
+        watermark=float(rng.choice([0.0, 0.0, 0.1])),
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+        enable_prefix_caching=True,
+        async_scheduling=async_scheduling,
+    )
+    return Trace(tuple(requests)), config

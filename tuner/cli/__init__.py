@@ -131,7 +131,10 @@ def _is_click(exc: BaseException, *names: str) -> bool:
 
 def _parser_error(exc: Exception) -> NoReturn:
     """A usage error of the argument parser (a missing argument, a value out of range) in one
-    line naming the command and its ``--help``; no arguments at all: the help."""
+    line naming the command and its ``--help``; no arguments at all: the help.
+
+    ``exc`` is one of click's exceptions, told apart by name (``_is_click``): typer may vendor
+    click, so its classes cannot be imported to narrow the type, hence the three ignores."""
     if type(exc).__name__ == "NoArgsIsHelpError":
         help_text = exc.format_message()  # type: ignore[attr-defined]
         if help_text.strip():  # typer's rich help is printed when it is built
@@ -156,8 +159,10 @@ def _not_finite(exc: Exception) -> str | None:
     cause = exc.__cause__
     errors = cause.errors() if isinstance(cause, ValidationError) else []
     given = errors[0].get("input") if errors else None
+    if not isinstance(given, (int, float, str)):
+        return None
     try:
-        value = float(given)  # type: ignore[arg-type]
+        value = float(given)
     except (TypeError, ValueError):
         return None
     if math.isfinite(value):

@@ -76,7 +76,9 @@ class StudyPlan:
 
     Offset by the number of trials so far on each resume."""
     sampler: Literal["tpe", "random"] = defaults.SAMPLER
-    """tpe (multivariate TPE) or random."""
+    """tpe (multivariate TPE) or random: both run the engine's defaults first (the baseline
+    every ratio is measured against); random then runs random points only, no rule-derived
+    trials."""
     startup_trials: int = defaults.STARTUP_TRIALS
     """Trials TPE samples at random before it models the results (the baseline included)."""
     rule_trials: bool = defaults.RULE_TRIALS
@@ -85,7 +87,8 @@ class StudyPlan:
     with room for prefills) before the sampler's.
 
     The rules are :mod:`prefill_tuner.study.first_trials`'s; they run on the study's first run,
-    and not in a screened study, whose screening candidates come first."""
+    not under the random sampler (a plain random search), and not in a screened study, whose
+    screening candidates come first."""
     capacity_tolerance: float = defaults.CAPACITY_TOLERANCE
     """Capacity bisection precision (relative).
 

@@ -76,6 +76,7 @@ class TuningSession:
         traceback: TracebackType | None,
     ) -> None:
         self._held.__exit__(exc_type, exc, traceback)
+        self.store.checkpoint()  # the file holds the whole study again, without its -wal
 
     def run(self, progress: StudyProgress | None = None, say: Say = lambda text: None) -> bool:
         """Run the study's trials to its target (or its timeout); ``True`` when a stop

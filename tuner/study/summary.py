@@ -112,7 +112,10 @@ def summarize_study(
         knobs=tuple(
             knob
             for knob in KNOBS
-            if any(knob in t.params or f"{knob}_log2" in t.params for t in trials)
+            if any(
+                knob in t.params or f"{knob}_log2" in t.params or f"{knob}_halvings" in t.params
+                for t in trials
+            )
         ),
         prediction_error={name: float(np.median(values)) for name, values in errors.items()},
         predicted_trials=max((len(values) for values in errors.values()), default=0),

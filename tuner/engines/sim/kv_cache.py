@@ -201,7 +201,7 @@ class KVCache:
         cached = request.num_cached_blocks
         if resumable and cached > request.registered_blocks:
             start = request.registered_blocks
-            self._register(blocks[start:cached], request.block_keys(start, cached, size))
+            self._register(blocks[start:cached], request.keys_to(cached, size)[start:cached])
             request.registered_blocks = cached
         registered = request.registered_blocks
         self._uncached_free.extend(reversed(blocks[cached:]))
@@ -209,10 +209,11 @@ class KVCache:
             self._queue.append(_Run(blocks[registered:cached][::-1], None))
             self._queued += cached - registered
         if registered:
-            held, keys = blocks[:registered], request.block_keys(0, registered, size)
             extra = self._extra_refs
+            held = blocks[:registered] if extra else blocks
             shared = list(map(extra.__contains__, held)) if extra else None
             if shared is not None and True in shared:  # some stay held by other requests
+                keys = request.keys_to(registered, size)[:registered]
                 for block in compress(held, shared):
                     others = extra[block]
                     if others == 1:
@@ -222,8 +223,9 @@ class KVCache:
                 alone = list(map(not_, shared))
                 freed_blocks = list(compress(held, alone))[::-1]
                 freed_keys = list(compress(keys, alone))[::-1]
-            else:
-                freed_blocks, freed_keys = held[::-1], keys[::-1]
+            else:  # last first, straight from the request's lists
+                freed_blocks = blocks[registered - 1 :: -1]
+                freed_keys = request.keys_to(registered, size)[registered - 1 :: -1]
             if freed_blocks:
                 run = _Run(freed_blocks, freed_keys)
                 self._queue.append(run)
@@ -231,6 +233,8 @@ class KVCache:
                 self._queued += len(freed_blocks)
         request.blocks = []
         request.num_cached_blocks = request.registered_blocks = 0
+        if not resumable:
+            request.keys = []  # finished: never looked up again
 
     # --- internals -------------------------------------------------------------------------
 
@@ -333,7 +337,7 @@ class KVCache:
         shareable = min(full, request.shareable_tokens // size)
         if start < shareable:
             self._register(
-                request.blocks[start:shareable], request.block_keys(start, shareable, size)
+                request.blocks[start:shareable], request.keys_to(shareable, size)[start:shareable]
             )
             request.registered_blocks = shareable
         request.num_cached_blocks = full

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+import weakref
 from array import array
 
-from prefill_tuner.trace.model import Request
+from prefill_tuner.trace.model import Request, Trace
 
 _POSITION_BITS = 24
 """Bits for a KV block's index inside a request in a block key (16M blocks: ample)."""
@@ -58,6 +59,72 @@ class PrefixInterner:
         return count
 
 
+class RequestTemplate:
+    """What the simulator makes of one trace request before any run: the same for every run of
+    the trace, so made once per trace (:func:`request_templates`)."""
+
+    __slots__ = (
+        "arrival_s",
+        "chain",
+        "id",
+        "max_tokens",
+        "prompt",
+        "shareable_tokens",
+        "shared_tokens",
+        "trace_block_size",
+        "traffic_class",
+    )
+
+    def __init__(self, request: Request, interner: PrefixInterner) -> None:
+        self.id = request.id
+        self.arrival_s = request.arrival_s
+        self.prompt = request.prompt_tokens
+        self.max_tokens = request.output_tokens
+        self.traffic_class = request.traffic_class
+        self.trace_block_size = request.prefix_block_size or 1
+        self.chain = (
+            interner.chain(request.prefix_blocks, self.trace_block_size)
+            if request.prefix_blocks
+            else []
+        )
+        # Prompt tokens whose content is given by the trace's prefix blocks (the rest, and all
+        # output tokens, are unique to this request).
+        self.shared_tokens = min(self.prompt, len(self.chain) * self.trace_block_size)
+        self.shareable_tokens = self.shared_tokens
+        """Leading prompt tokens that other requests' prompts may start with too (narrowed by
+        :meth:`narrow_sharing` once every request's chain is known)."""
+
+    def narrow_sharing(self, interner: PrefixInterner) -> None:
+        """Keep as shareable only the prefix that some other request's chain also holds."""
+        shared_ids = interner.shared_prefix(self.chain)
+        self.shareable_tokens = min(self.shared_tokens, shared_ids * self.trace_block_size)
+
+
+_TEMPLATES: dict[int, tuple[weakref.ref[Trace], list[RequestTemplate]]] = {}
+"""id(trace) → the trace (weakly: its entry goes with it) and its requests' templates."""
+
+
+def request_templates(trace: Trace) -> list[RequestTemplate]:
+    """The templates of every request of ``trace``, in order: made (prefixes interned, sharing
+    narrowed) on the trace's first run and kept while the trace lives, so a study's trials,
+    which all replay one trace object, prepare it once. A trace is frozen, so they stay
+    right; runs only read them."""
+    key = id(trace)
+    kept = _TEMPLATES.get(key)
+    if kept is not None and kept[0]() is trace:
+        return kept[1]
+    interner = PrefixInterner()
+    templates = [RequestTemplate(request, interner) for request in trace.requests]
+    for template in templates:
+        template.narrow_sharing(interner)
+
+    def forget(_: weakref.ref[Trace]) -> None:
+        _TEMPLATES.pop(key, None)
+
+    _TEMPLATES[key] = (weakref.ref(trace, forget), templates)
+    return templates
+
+
 class SimRequest:
     """Mutable per-request state, mirroring the fields of vLLM's ``Request`` that scheduling
     reads. Slotted: the simulator touches these millions of times."""
@@ -69,6 +136,7 @@ class SimRequest:
         "id",
         "in_flight",
         "index",
+        "keys",
         "max_tokens",
         "num_cached_blocks",
         "num_computed",
@@ -88,16 +156,16 @@ class SimRequest:
         "traffic_class",
     )
 
-    def __init__(self, index: int, request: Request, interner: PrefixInterner) -> None:
+    def __init__(self, index: int, template: RequestTemplate) -> None:
         self.index = index
-        self.id = request.id
-        self.arrival_s = request.arrival_s
-        self.sent_s = request.arrival_s
+        self.id = template.id
+        self.arrival_s = template.arrival_s
+        self.sent_s = template.arrival_s
         """When the client sent it: its arrival, or later when a client limit held it back
         (``max_concurrency``: it waited for a request in flight to finish)."""
-        self.prompt = request.prompt_tokens
-        self.max_tokens = request.output_tokens
-        self.traffic_class = request.traffic_class
+        self.prompt = template.prompt
+        self.max_tokens = template.max_tokens
+        self.traffic_class = template.traffic_class
         """The trace's class of the request, passed on to its record (never scheduled on)."""
         self.num_computed = 0
         self.num_output = 0
@@ -123,23 +191,24 @@ class SimRequest:
         self.preemptions = 0
         self.token_times = array("d")
         """When each output token was delivered (8 bytes a token: a long trace has millions)."""
-        self.trace_block_size = request.prefix_block_size or 1
-        self.chain = (
-            interner.chain(request.prefix_blocks, self.trace_block_size)
-            if request.prefix_blocks
-            else []
-        )
-        # Prompt tokens whose content is given by the trace's prefix blocks (the rest, and all
-        # output tokens, are unique to this request).
-        self.shared_tokens = min(self.prompt, len(self.chain) * self.trace_block_size)
-        self.shareable_tokens = self.shared_tokens
-        """Leading prompt tokens that other requests' prompts may start with too (narrowed by
-        :meth:`narrow_sharing` once every request's chain is known)."""
+        self.trace_block_size = template.trace_block_size
+        self.chain = template.chain
+        """The request's prefix chain ids (:class:`PrefixInterner`; shared with its template,
+        never changed)."""
+        self.shared_tokens = template.shared_tokens
+        self.shareable_tokens = template.shareable_tokens
+        self.keys: list[int] = []
+        """The block keys of the request's leading blocks, as far as the KV cache has asked
+        (:meth:`keys_to`): each block's key is computed once however often it is registered,
+        freed or evicted."""
 
-    def narrow_sharing(self, interner: PrefixInterner) -> None:
-        """Keep as shareable only the prefix that some other request's chain also holds."""
-        shared_ids = interner.shared_prefix(self.chain)
-        self.shareable_tokens = min(self.shared_tokens, shared_ids * self.trace_block_size)
+    def keys_to(self, end: int, block_size: int) -> list[int]:
+        """:attr:`keys`, made to cover at least blocks ``0`` to ``end - 1`` (a block's key
+        depends on its index alone: :meth:`block_keys`)."""
+        keys = self.keys
+        if len(keys) < end:
+            keys += self.block_keys(len(keys), end, block_size)
+        return keys
 
     def block_keys(self, start: int, end: int, block_size: int) -> list[int]:
         """Prefix-cache identities of the request's KV blocks ``start`` to ``end - 1``.

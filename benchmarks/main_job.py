@@ -1,0 +1,105 @@
+"""The main job, ``tune run --slo p99_tpot=50ms`` on the bundled sample into a fresh database:
+its wall and CPU time, and where the CPU goes (issue 30: < 10 s wall, < 12 s CPU, quiet
+2-core machine).
+
+    .venv/bin/python benchmarks/main_job.py [--rounds 3] [NAME=PYTHON ...]
+
+Each ``NAME=PYTHON`` is an interpreter with the tuner installed (``before=/path/.venv/bin/python
+after=.venv/bin/python`` compares two checkouts in one run; default: this one). Rounds are
+interleaved (one run of each, then again), so a machine that gets busier slows both alike.
+Prints per interpreter the median wall and CPU (user + system of the child, from
+``getrusage``) over the plain runs, then one extra run under cProfile split by where the
+functions live (their own time, so the parts add up): simulation (``engines/sim``), storage
+(SQLAlchemy, sqlite3, psycopg, Optuna's storages, the tuner's ``storage``), Optuna (the rest of
+it: samplers, study), other (the rest: start-up imports, trace reading, report). cProfile
+inflates Python-heavy parts most; the split is shown as shares of the profiled time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pstats
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PARTS = {
+    "simulation": ("/engines/sim/",),
+    "storage": (
+        "/sqlalchemy/",
+        "sqlite3",
+        "/psycopg",
+        "/optuna/storages/",
+        "/storage/store.py",
+        "/storage/batched.py",
+        "/storage/models.py",
+    ),
+    "optuna": ("/optuna/",),
+}
+
+
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(python: str, folder: Path, profile: Path | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds of one main job, into a fresh database in ``folder``."""
+    database = folder / f"job-{time.monotonic_ns()}.db"
+    tune = [python, "-m", "prefill_tuner"]
+    if profile is not None:
+        tune = [python, "-m", "cProfile", "-o", str(profile), "-m", "prefill_tuner"]
+    command = [*tune, "run", "--slo", "p99_tpot=50ms", "--storage", f"sqlite:///{database}"]
+    cpu, started = _child_cpu(), time.perf_counter()
+    subprocess.run(command, cwd=folder, check=True, capture_output=True)
+    return time.perf_counter() - started, _child_cpu() - cpu
+
+
+def split(profile: Path) -> dict[str, float]:
+    """Own time per part of the profiled run."""
+    stats = pstats.Stats(str(profile)).stats  # type: ignore[attr-defined]
+    parts = dict.fromkeys([*PARTS, "other"], 0.0)
+    for (filename, _, name), (_, _, tottime, _, _) in stats.items():
+        where = filename if filename != "~" else name
+        part = next((p for p, marks in PARTS.items() if any(m in where for m in marks)), "other")
+        parts[part] += tottime
+    return parts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("pythons", nargs="*", default=[f"this={sys.executable}"])
+    args = parser.parse_args()
+    pythons = dict(item.split("=", 1) for item in args.pythons)
+    walls: dict[str, list[float]] = {name: [] for name in pythons}
+    cpus: dict[str, list[float]] = {name: [] for name in pythons}
+    with tempfile.TemporaryDirectory(prefix="main-job-") as directory:
+        folder = Path(directory)
+        for _ in range(args.rounds):
+            for name, python in pythons.items():
+                wall, cpu = run_once(python, folder)
+                walls[name].append(wall)
+                cpus[name].append(cpu)
+                print(f"  {name}: wall {wall:.2f} s, CPU {cpu:.2f} s", flush=True)
+        for name, python in pythons.items():
+            profile = folder / f"{name}.prof"
+            run_once(python, folder, profile)
+            parts = split(profile)
+            total = sum(parts.values())
+            shares = ", ".join(f"{part} {seconds / total:.0%}" for part, seconds in parts.items())
+            print(
+                f"{name}: wall median {statistics.median(walls[name]):.2f} s "
+                f"(min {min(walls[name]):.2f}), CPU median {statistics.median(cpus[name]):.2f} s "
+                f"(min {min(cpus[name]):.2f}), n={args.rounds}; profiled {total:.1f} s: {shares}"
+            )
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
