@@ -242,3 +242,16 @@ def test_bad_headroom_and_window_values_are_one_line_errors(
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert flag in err and "Traceback" not in out + err
     assert not storage.exists() or not TunerStore(f"sqlite:///{storage}").study_names()
+
+
+def test_a_met_margin_is_carried_by_the_recommendation(tune, tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 't.db'}"
+    code, out, err = tune(
+        "run", *SMALL, *SLOS, "--trials", "6", "--storage", storage, "--headroom", "1.4", "--json"
+    )  # fmt: skip
+    assert code == 0, err
+    headroom = json.loads(out)["headroom"]
+    assert headroom["margin"] == 1.4 and headroom["margin_met"]
+    chosen = next(c for c in headroom["candidates"] if c["trial"] == headroom["recommended"])
+    assert chosen["load"] >= 1.4
+    assert any(c["rate"] == 1.4 and c["meets"] for c in chosen["loads"])  # the margin itself ran

@@ -191,6 +191,8 @@ def test_incumbent_and_challenger_are_shown_on_tonights_busiest_window(tune, tra
     report = Path(second.report_path).read_text()
     assert "### On tonight's busiest window (busiest:20" in report
     assert "| incumbent | " in report.split("### On tonight's busiest window")[1]
+    # The challenger is the study's recommendation after its headroom checks, stated.
+    assert second.decision != "none" and "headroom (trial " in report
     # The first night had no window given: the busiest quarter of its arrivals' span (~90 s).
     first = nights(storage)[0]
     assert first.busiest is not None and first.busiest["incumbent_runs"] == []

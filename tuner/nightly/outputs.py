@@ -17,7 +17,7 @@ from prefill_tuner.objectives.slo import format_seconds
 from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.search_spaces.space import EngineCapabilities
 from prefill_tuner.storage.models import NightlyRun
-from prefill_tuner.study.summary import StudySummary
+from prefill_tuner.study.summary import StudySummary, headroom_lines
 
 TRACE_ROWS = (
     ("requests", "requests", "{:,}"),
@@ -112,6 +112,7 @@ def render(
         "",
         f"{summary.finished} trials, {len(summary.pareto)} Pareto-optimal settings meeting the "
         f"SLOs; `tune pareto --study {night.study_name}` lists them.",
+        *(["", *headroom_lines(summary)] if summary.recommended is not None else []),
         "",
         "## Deployed next",
         "",

@@ -116,7 +116,8 @@ class StudyPlan:
 
     ``None``: no margin is required (the recommendation still prefers a setting that carries
     1.25× and meets the SLOs with its budget and max_num_seqs moved a step;
-    :mod:`prefill_tuner.study.headroom`)."""
+    :mod:`prefill_tuner.study.headroom`). When no candidate carries the margin, the outputs
+    say so and ``tune run`` exits 4."""
     headroom_check: Literal["sim", "engine", "off"] = "sim"
     """Where the headroom checks of the best settings run: sim (the simulator, or a real
     server's calibrated stand-in), engine (the study's own engine: server starts, minutes

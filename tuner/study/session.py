@@ -13,6 +13,7 @@ steps.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -204,7 +205,11 @@ def checked_summary(
         plan, checker, summary.pareto, key, checked_on=where, finished=summary.finished, say=say
     )
     store.record_headroom(summary.study, report.as_dict() if report else None)
-    return summarize_stored(store, summary.study.name)
+    if report is None:
+        return summary
+    # The summary as summarize_stored would now draw it, without opening the study again.
+    chosen = next(t for t in summary.pareto if t.trial_number == report.recommended)
+    return dataclasses.replace(summary, headroom=report, recommended=chosen)
 
 
 def headroom_engine(
