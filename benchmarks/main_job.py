@@ -9,7 +9,8 @@ after=.venv/bin/python`` compares two checkouts in one run; default: this one). 
 interleaved (one run of each, then again), so a machine that gets busier slows both alike.
 Prints per interpreter the median wall and CPU (user + system of the child, from
 ``getrusage``) over the plain runs, then one extra run under cProfile split by where the
-functions live (their own time, so the parts add up): simulation (``engines/sim``), storage
+functions live (their own time, a built-in's counted where it was called from, so the parts
+add up): simulation (``engines/sim``), storage
 (SQLAlchemy, sqlite3, psycopg, Optuna's storages, the tuner's ``storage``), Optuna (the rest of
 it: samplers, study), other (the rest: start-up imports, trace reading, report). cProfile
 inflates Python-heavy parts most; the split is shown as shares of the profiled time.
@@ -60,14 +61,24 @@ def run_once(python: str, folder: Path, profile: Path | None = None) -> tuple[fl
     return time.perf_counter() - started, _child_cpu() - cpu
 
 
+def _part(filename: str) -> str:
+    return next((p for p, marks in PARTS.items() if any(m in filename for m in marks)), "other")
+
+
 def split(profile: Path) -> dict[str, float]:
-    """Own time per part of the profiled run."""
+    """Own time per part of the profiled run: a function's by its file, a built-in's (``len``,
+    a ``sqlite3`` call) by the file of each caller, in the share that caller gave it."""
     stats = pstats.Stats(str(profile)).stats  # type: ignore[attr-defined]
     parts = dict.fromkeys([*PARTS, "other"], 0.0)
-    for (filename, _, name), (_, _, tottime, _, _) in stats.items():
-        where = filename if filename != "~" else name
-        part = next((p for p, marks in PARTS.items() if any(m in where for m in marks)), "other")
-        parts[part] += tottime
+    for (filename, _, name), (_, _, tottime, _, callers) in stats.items():
+        if filename != "~":
+            parts[_part(filename)] += tottime
+            continue
+        if "sqlite3" in name or not callers:  # the database's own work is storage's
+            parts["storage" if "sqlite3" in name else "other"] += tottime
+            continue
+        for (caller, _, _), (_, _, share, _) in callers.items():
+            parts[_part(caller) if caller != "~" else "other"] += share
     return parts
 
 
