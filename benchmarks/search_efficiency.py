@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import math
@@ -54,6 +55,7 @@ from prefill_tuner.search_spaces.rules import effective_settings
 from prefill_tuner.search_spaces.space import (
     SearchSpace,
     build_space,
+    share_of_budget,
 )
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.plan import StudyPlan
@@ -106,12 +108,13 @@ class CachedEngine(SimEngine):
         early_abort: EarlyAbortRule | None = None,
         *,
         label: str | None = None,
+        max_concurrency: int | None = None,
     ) -> EngineRun:
         source = trace.source
         identity = (source.sha256 if source else "", len(trace), trace.adjustments)
-        key = (identity, tuple(sorted(settings.items())))
+        key = (identity, tuple(sorted(settings.items())), max_concurrency)
         if key not in self.cache:
-            self.cache[key] = super().run(trace, settings)
+            self.cache[key] = super().run(trace, settings, max_concurrency=max_concurrency)
             self.runs += 1
         return self.cache[key]
 
@@ -259,6 +262,8 @@ class RatioSpace(SearchSpace):
         ratio = trial.suggest_float(RATIO_PARAM, *self._bounds(), log=True)
         tokens = self.ranges[TOKENS]
         values[TOKENS] = min(max(round(ratio * values[SEQS]), tokens.low), tokens.high)
+        threshold = self.ranges[THRESHOLD]  # searched as a share of the budget, known only now
+        values[THRESHOLD] = threshold.value(trial.params[threshold.param], values[TOKENS])
         return values
 
     def params_for(self, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -311,6 +316,15 @@ def as_space(kind: type[SearchSpace]) -> Callable[[SearchSpace], SearchSpace]:
     return lambda space: kind(space.ranges, space.fixed, space.dropped)
 
 
+def absolute_threshold(space: SearchSpace) -> SearchSpace:
+    """The threshold searched as an absolute power of two (off or 64..8192), whatever the
+    budget, so some points cap nothing (at or above the budget; they run in canonical form,
+    off). The default space: measured against :func:`share_of_budget` in issue 29."""
+    ranges = dict(space.ranges)
+    ranges[THRESHOLD] = dataclasses.replace(ranges[THRESHOLD], halvings=0)
+    return SearchSpace(ranges, space.fixed, space.dropped)
+
+
 @dataclass(frozen=True)
 class Method:
     """One way of running the study."""
@@ -334,6 +348,14 @@ METHODS: dict[str, Method] = {
     "tpe-ratio": Method(space=as_space(RatioSpace), rule_trials=False),
     "tpe-offhigh": Method(space=as_space(ThresholdOffHighSpace), rule_trials=False),
     "tuner-ratio": Method(space=as_space(RatioSpace), description="rule trials, ratio space"),
+    "tuner-absolute": Method(
+        space=absolute_threshold, description="tune run's default, the threshold absolute"
+    ),
+    "random-absolute": Method("random", space=absolute_threshold, rule_trials=False),
+    "tuner-halvings": Method(
+        space=share_of_budget, description="the threshold as halvings of the budget"
+    ),
+    "random-halvings": Method("random", space=share_of_budget, rule_trials=False),
 }
 
 
@@ -385,7 +407,13 @@ def study_runs(
         )
         study = run_study(plan, engine, TunerStore(storage))
         trials = sorted(study.trials, key=lambda t: t.number)
+        REPEATS[method] = REPEATS.get(method, 0) + sum("same_as" in t.user_attrs for t in trials)
         return [engine.run(trace, t.user_attrs["settings"]) for t in trials], clock[0] / len(trials)
+
+
+REPEATS: dict[Method, int] = {}
+"""Trials per method (all seeds) whose settings, in canonical form, repeated an earlier
+trial's: their result was reused, but they count against the trial budget."""
 
 
 def reached(curve: list[float], target: float) -> int | None:
@@ -436,6 +464,7 @@ def main() -> None:
             optimum = quality_curve(grid_runs, slos)[-1]
             curves: dict[str, list[list[float]]] = {name: [] for name in methods}
             seconds: dict[str, list[float]] = {name: [] for name in methods}
+            REPEATS.clear()
             for seed in range(args.seeds):
                 for name, method in methods.items():
                     runs, per_trial = study_runs(
@@ -462,7 +491,7 @@ def main() -> None:
             print(
                 f"  {'method':<16}{'trials to 98%':>15}  "
                 + "".join(f"{f'@{n}':>8}" for n in CHECKPOINTS if n <= args.budget)
-                + f"{'s/trial':>9}"
+                + f"{'s/trial':>9}{'repeats':>9}"
             )
             for method, method_curves in curves.items():
                 hits = [reached(curve, 0.98 * optimum) for curve in method_curves]
@@ -480,16 +509,19 @@ def main() -> None:
                     if n <= args.budget
                 }
                 per_trial = statistics.mean(seconds[method]) if method in seconds else None
+                repeats = REPEATS.get(methods[method], 0) if method in methods else None
                 print(
                     f"  {method:<16}{needed:>15}  "
                     + "".join(f"{v:>8.1%}" for v in at.values())
                     + (f"{per_trial:>9.3f}" if per_trial is not None else "")
+                    + (f"{repeats:>9}" if repeats is not None else "")
                 )
                 median_curve = [statistics.median(c) for c in zip(*method_curves, strict=True)]
                 summary["methods"][method] = {
                     "trials_to_98": hits,
                     "median_quality": at,
                     "sampler_s_per_trial": per_trial,
+                    "repeat_trials": repeats,
                     "median_curve": median_curve,
                 }
             if "random" in curves:

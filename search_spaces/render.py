@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.search_spaces.rules import BUDGET, OFF, THRESHOLD, threshold_moot
 from prefill_tuner.search_spaces.space import EngineCapabilities, knob_removed
 
 VLLM_NAMES = {"num_gpu_blocks": "num_gpu_blocks_override"}
@@ -48,6 +49,29 @@ def serve_args(
         else:
             args += [flag, str(value)]
     return args
+
+
+def canonical_command(command: str) -> str:
+    """A stored ``vllm serve`` line in its canonical form: a ``--long-prefill-token-threshold``
+    at or above the line's ``--max-num-batched-tokens`` caps nothing (:func:`~prefill_tuner.
+    search_spaces.rules.threshold_moot`) and is written 0 (off), as this version writes every
+    serve line; an earlier version recorded such lines. Any other line is returned as it is."""
+    words = shlex.split(command)
+    last = {word: index for index, word in enumerate(words[:-1]) if word.startswith("--")}
+    threshold_at = last.get("--" + flag_name(THRESHOLD))
+    budget_at = last.get("--" + flag_name(BUDGET))
+    if threshold_at is None or budget_at is None:
+        return command
+    try:
+        moot = threshold_moot(
+            {THRESHOLD: int(words[threshold_at + 1]), BUDGET: int(words[budget_at + 1])}
+        )
+    except ValueError:
+        return command
+    if not moot:
+        return command
+    words[threshold_at + 1] = str(OFF)
+    return shlex.join(words)
 
 
 def serve_command(

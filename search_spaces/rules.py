@@ -8,6 +8,10 @@ vLLM would refuse while Optuna's distributions stay static.
 
 A rule reads its knobs from a mapping of settings; a knob that is not there (not set, not
 sampled) satisfies every rule it is in. ``max_model_len`` is always given by the caller.
+
+Beside the rules vLLM enforces, one setting has more than one spelling that schedules the same:
+:func:`canonical` gives each its one form, so two trials that would schedule identically carry
+identical settings, and no serve line carries a flag that changes nothing.
 """
 
 from __future__ import annotations
@@ -79,6 +83,39 @@ RULES: tuple[Rule, ...] = (
 """vLLM's ``SchedulerConfig`` checks between knobs (``verify_max_model_len`` and
 ``__post_init__``), in the order they are repaired."""
 
+THRESHOLD, BUDGET = "long_prefill_token_threshold", "max_num_batched_tokens"
+OFF = 0
+"""``long_prefill_token_threshold`` off (vLLM's default)."""
+
+
+def threshold_moot(settings: Mapping[str, Any]) -> bool:
+    """Whether ``long_prefill_token_threshold`` caps nothing in these settings: it is at or
+    above ``max_num_batched_tokens``. vLLM 0.32's scheduler (``vllm/v1/core/sched/
+    scheduler.py``) cuts a request's new tokens to the threshold and then to the budget left in
+    the step, which is never more than ``max_num_batched_tokens``: a threshold at or above it
+    leaves every chunk as it was, chunked prefill on or off (off, the budget holds the whole
+    context, so no prompt is longer than the threshold), adaptive or not (adaptive only raises
+    it). Below the budget it does cut, even with chunked prefill off (a prompt is then split
+    into threshold-sized chunks), so that is the only equivalence."""
+    threshold, budget = settings.get(THRESHOLD), settings.get(BUDGET)
+    return bool(threshold) and budget is not None and threshold >= budget
+
+
+def canonical(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The one form of settings that schedule alike: a ``long_prefill_token_threshold`` at or
+    above ``max_num_batched_tokens`` is off (0; :func:`threshold_moot`). Returns the settings
+    and a note for every change. Settings without a budget (the engine's default stands) are
+    left as they are."""
+    result = dict(settings)
+    notes: list[str] = []
+    if threshold_moot(result):
+        notes.append(
+            f"long_prefill_token_threshold {result[THRESHOLD]} is at or above "
+            f"max_num_batched_tokens {result[BUDGET]}, where it caps nothing: off (0)"
+        )
+        result[THRESHOLD] = OFF
+    return result, notes
+
 
 def first_broken(settings: Mapping[str, Any]) -> str | None:
     """What vLLM would refuse in ``settings`` (with ``max_model_len``), or ``None``."""
@@ -89,8 +126,8 @@ def effective_settings(
     sampled: Mapping[str, Any], fixed: Mapping[str, Any], max_model_len: int
 ) -> tuple[dict[str, Any], list[str]]:
     """The settings a trial runs with: ``fixed`` over ``sampled``, repaired to satisfy every
-    rule (``max_model_len``: the engine's context length). Returns the settings and a note for
-    every repair made."""
+    rule (``max_model_len``: the engine's context length), in their :func:`canonical` form.
+    Returns the settings and a note for every repair or change made."""
     settings = {**sampled, **fixed}
     checked = {**settings, "max_model_len": max_model_len}
     notes: list[str] = []
@@ -99,4 +136,5 @@ def effective_settings(
             notes.append(rule.repair(checked))
     # A repair changes only knobs the settings have (a rule holds for a missing one).
     settings.update({key: checked[key] for key in settings if key != "max_model_len"})
-    return settings, notes
+    settings, changes = canonical(settings)
+    return settings, notes + changes

@@ -5,10 +5,21 @@ Every point of the space is valid: the few rules vLLM enforces between knobs
 (:mod:`prefill_tuner.search_spaces.rules`) are applied as a repair after sampling, so no trial
 is spent on a configuration vLLM would refuse, and Optuna's distributions stay static
 (dynamic ranges would drop the parameters from multivariate TPE's and GP's joint model).
+
+``long_prefill_token_threshold`` caps nothing at or above ``max_num_batched_tokens``
+(:func:`~prefill_tuner.search_spaces.rules.threshold_moot`): such a sample runs, is stored and is
+shown with the threshold off (the canonical form, applied with the repair). It is searched as
+an absolute power of two (parameter ``long_prefill_token_threshold_log2``), the tokens a prompt
+may take per step, whatever the budget. :func:`share_of_budget` searches it instead as the
+budget halved k times (``long_prefill_token_threshold_halvings``), which never samples a moot
+cap; measured, that helps random search but makes the tuner's TPE reach the best settings
+later (benchmarks/RESULTS.md, issue 29), so it is not the default.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,7 +36,12 @@ from prefill_tuner.search_spaces.knobs import KNOBS, Knob
 from prefill_tuner.yaml_input import read_yaml
 
 THRESHOLD_SUFFIX = "_log2"
-"""Threshold knobs are searched as log2 exponents; the lowest exponent of the range means 0."""
+"""Threshold knobs searched as absolute values (the default) are searched as log2 exponents;
+the lowest exponent of the range means 0."""
+HALVINGS_SUFFIX = "_halvings"
+"""Threshold knobs searched as a share of ``max_num_batched_tokens`` (:func:`share_of_budget`):
+0 is off, k is the budget halved k times."""
+BUDGET = "max_num_batched_tokens"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +80,16 @@ class KnobRange:
     """Threshold knobs: whether 0 (off) is part of the range."""
     choices: tuple[bool, ...] = (True, False)
     """Boolean knobs: the values searched."""
+    halvings: int = 0
+    """Threshold knobs: searched as a share of ``max_num_batched_tokens``, the budget halved
+    1 to ``halvings`` times (:func:`share_of_budget`); 0, the default: as an absolute power
+    of two."""
 
     def distribution(self) -> BaseDistribution:
         if self.knob.kind == "bool":
             return CategoricalDistribution(list(self.choices))
+        if self.knob.kind == "threshold" and self.halvings:
+            return IntDistribution(0 if self.allow_off else 1, self.halvings)
         if self.knob.kind == "threshold":
             low, high = _log2_floor(self.low), _log2_floor(self.high)
             return IntDistribution(low - 1 if self.allow_off else low, high)
@@ -75,10 +97,19 @@ class KnobRange:
 
     @property
     def param(self) -> str:
-        return self.knob.name + (THRESHOLD_SUFFIX if self.knob.kind == "threshold" else "")
+        if self.knob.kind != "threshold":
+            return self.knob.name
+        return self.knob.name + (HALVINGS_SUFFIX if self.halvings else THRESHOLD_SUFFIX)
 
-    def value(self, param: Any) -> Any:
-        """Engine setting for a parameter value."""
+    def value(self, param: Any, budget: int | None = None) -> Any:
+        """Engine setting for a parameter value (``budget``: the trial's
+        ``max_num_batched_tokens``, which a threshold searched as its share needs)."""
+        if self.knob.kind == "threshold" and self.halvings:
+            halvings = int(param)
+            if halvings <= 0 or budget is None:
+                return 0
+            threshold = min(max(budget >> halvings, self.low), self.high)
+            return 0 if threshold >= budget else threshold  # at or above: caps nothing
         if self.knob.kind == "threshold":
             exponent = int(param)
             off = _log2_floor(self.low) - 1
@@ -87,37 +118,47 @@ class KnobRange:
             return bool(param)
         return int(param)
 
-    def param_for(self, value: Any) -> Any:
+    def param_for(self, value: Any, budget: int | None = None) -> Any:
         """Parameter value for an engine setting (the baseline); may lie outside the range."""
+        if self.knob.kind == "threshold" and self.halvings:
+            if not value or budget is None or int(value) >= budget:
+                return 0
+            return max(1, round(math.log2(budget / int(value))))
         if self.knob.kind == "threshold":
             return _log2_floor(self.low) - 1 if not value else _log2_floor(int(value))
         return value
 
-    def contains(self, value: Any) -> bool:
+    def contains(self, value: Any, budget: int | None = None) -> bool:
         """Whether the range holds this engine setting (a point the sampler could propose)."""
-        param = self.param_for(value)
+        param = self.param_for(value, budget)
         distribution = self.distribution()
         if isinstance(distribution, CategoricalDistribution):
             return param in distribution.choices
         assert isinstance(distribution, IntDistribution)
-        return distribution.low <= param <= distribution.high and self.value(param) == value
+        if self.halvings and value and budget is not None and int(value) >= budget:
+            value = 0  # caps nothing: the same as off
+        inside = distribution.low <= param <= distribution.high
+        return inside and self.value(param, budget) == value
 
-    def nearest_param(self, value: Any) -> Any:
+    def nearest_param(self, value: Any, budget: int | None = None) -> Any:
         """The parameter value in the range nearest to this setting's (itself when inside)."""
         distribution = self.distribution()
         if isinstance(distribution, CategoricalDistribution):
             return value if value in distribution.choices else distribution.choices[0]
         assert isinstance(distribution, IntDistribution)
-        return min(max(self.param_for(value), distribution.low), distribution.high)
+        return min(max(self.param_for(value, budget), distribution.low), distribution.high)
 
     def as_record(self) -> dict[str, Any]:
         """JSON-ready fields, read back by :meth:`from_record`."""
-        return {
+        record: dict[str, Any] = {
             "low": self.low,
             "high": self.high,
             "allow_off": self.allow_off,
             "choices": list(self.choices),
         }
+        if self.halvings:  # absent for an absolute threshold, as in earlier versions' records
+            record["halvings"] = self.halvings
+        return record
 
     @classmethod
     def from_record(cls, name: str, data: Mapping[str, Any]) -> KnobRange:
@@ -129,6 +170,7 @@ class KnobRange:
             int(data["high"]),
             allow_off=bool(data["allow_off"]),
             choices=tuple(bool(c) for c in data["choices"]),
+            halvings=int(data.get("halvings", 0)),
         )
 
 
@@ -144,7 +186,8 @@ class SearchSpace:
         return {r.param: r.distribution() for r in self.ranges.values()}
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
-        """Sample the knobs (engine settings, before repair)."""
+        """Sample the knobs (engine settings, before repair). The budget is sampled before a
+        threshold searched as its share (``KNOBS`` lists it first)."""
         values: dict[str, Any] = {}
         for name, knob_range in self.ranges.items():
             distribution = knob_range.distribution()
@@ -155,26 +198,35 @@ class SearchSpace:
                 param = trial.suggest_int(
                     knob_range.param, distribution.low, distribution.high, log=distribution.log
                 )
-            values[name] = knob_range.value(param)
+            values[name] = knob_range.value(param, self._budget(values))
         return values
 
+    def _budget(self, settings: Mapping[str, Any]) -> int | None:
+        """The ``max_num_batched_tokens`` of these settings (a fixed one over them)."""
+        budget = self.fixed.get(BUDGET, settings.get(BUDGET))
+        return None if budget is None else int(budget)
+
     def settings_from_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            name: r.value(params[r.param]) for name, r in self.ranges.items() if r.param in params
-        }
+        settings: dict[str, Any] = {}
+        for name, r in self.ranges.items():
+            if r.param in params:
+                settings[name] = r.value(params[r.param], self._budget(settings))
+        return settings
 
     def params_for(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Optuna parameters that reproduce these settings (to enqueue a known config); a
         setting outside its range gets the nearest parameter in it (Optuna refuses a choice
         outside a categorical's): see :meth:`outside`."""
-        return {r.param: r.nearest_param(settings[name]) for name, r in self.ranges.items()}
+        budget = self._budget(settings)
+        return {r.param: r.nearest_param(settings[name], budget) for name, r in self.ranges.items()}
 
     def outside(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """The settings that lie outside their knob's searched range."""
+        budget = self._budget(settings)
         return {
             name: settings[name]
             for name, r in self.ranges.items()
-            if name in settings and not r.contains(settings[name])
+            if name in settings and not r.contains(settings[name], budget)
         }
 
     def describe(self) -> list[str]:
@@ -182,6 +234,12 @@ class SearchSpace:
         for name, r in self.ranges.items():
             if r.knob.kind == "bool":
                 lines.append(f"{name} in {{{', '.join(str(c).lower() for c in r.choices)}}}")
+            elif r.knob.kind == "threshold" and r.halvings:
+                off = "0 (off) or " if r.allow_off else ""
+                lines.append(
+                    f"{name}: {off}max_num_batched_tokens halved 1..{r.halvings} times, "
+                    f"within {r.low}..{r.high} (never at or above the budget)"
+                )
             elif r.knob.kind == "threshold":
                 off = "0 (off) or " if r.allow_off else ""
                 lines.append(f"{name}: {off}powers of two {r.low}..{r.high}")
@@ -290,6 +348,22 @@ def build_space(
             continue
         ranges[name] = _range(knob, overrides.get(name))
     return SearchSpace(ranges=ranges, fixed=fixed, dropped=tuple(dropped))
+
+
+def share_of_budget(space: SearchSpace) -> SearchSpace:
+    """The space with each threshold knob searched as a share of the budget, where the budget
+    is searched or fixed (else the space unchanged): the budget halved from once to as often
+    as takes the largest budget to the threshold's lowest value, or off. No sample is then a
+    cap at or above its budget. Not the default (see the module's docstring)."""
+    largest = space.ranges[BUDGET].high if BUDGET in space.ranges else space.fixed.get(BUDGET)
+    if type(largest) is not int or largest < 1:
+        return space
+    ranges = dict(space.ranges)
+    for name, knob_range in ranges.items():
+        if knob_range.knob.kind == "threshold":
+            halvings = max(1, _log2_floor(largest) - _log2_floor(knob_range.low))
+            ranges[name] = dataclasses.replace(knob_range, halvings=halvings)
+    return dataclasses.replace(space, ranges=ranges)
 
 
 MAX_ENGINE_INT = 2**31 - 1

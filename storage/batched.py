@@ -27,8 +27,10 @@ two or three times a commit, which on a busy machine is where a study spent its 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import sqlite3
+import weakref
 from typing import Any
 
 from optuna.distributions import BaseDistribution
@@ -60,6 +62,32 @@ def tune_sqlite(engine: Engine) -> None:
 
     event.listen(engine, "connect", on_connect)
     engine.dispose()  # connections opened before the listener are opened again with it
+    _OPEN.add(engine)
+
+
+_OPEN: weakref.WeakSet[Engine] = weakref.WeakSet()
+"""The SQLite engines tuned here that may still hold connections."""
+
+
+@atexit.register
+def close_databases() -> None:
+    """Close every tuned engine's pooled connections (the ``tune`` command does as it ends,
+    and any process as it exits): SQLite checkpoints the WAL into the database when its last
+    connection closes and removes the ``-wal`` and ``-shm`` files, so a study left by a
+    finished command is one self-contained file again, which can be copied alone (a killed
+    process leaves them, and the next opener replays them)."""
+    for engine in list(_OPEN):
+        engine.dispose()
+
+
+def optuna_storage(url: str, **options: Any) -> RDBStorage:
+    """Optuna's storage on ``url`` (``options``: ``RDBStorage``'s), its SQLite connections tuned
+    as the tuner's own and closed with them (:func:`close_databases`): every study the tuner
+    loads goes through here or :class:`BatchedStorage`, never a bare URL, whose connections
+    would keep the WAL beside the database until they were collected."""
+    storage = RDBStorage(url, **options)
+    tune_sqlite(storage.engine)
+    return storage
 
 
 class _Pending:

@@ -49,6 +49,10 @@ class StudyRecord(Base):
     searched ranges, whether the trace was sorted, the plan's other options (see
     ``prefill_tuner.worker.definition``). ``None`` for studies recorded before workers existed:
     ``tune run`` on them records it."""
+    headroom: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """The headroom checks of the study's best settings and the recommendation they chose
+    (``prefill_tuner.study.headroom.HeadroomReport.as_dict``), as of the trial count it
+    records; ``None`` before they ran (or for studies recorded before they existed)."""
 
     trials: Mapped[list[TrialRecord]] = relationship(back_populates="study")
 
@@ -130,3 +134,7 @@ class NightlyRun(Base):
     serve_command: Mapped[str | None] = mapped_column(Text, nullable=True)
     report_path: Mapped[str] = mapped_column(Text)
     wall_s: Mapped[float] = mapped_column(Float)
+    busiest: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """The incumbent and challenger on tonight's busiest window: ``window`` (its spec),
+    ``start_s``, ``requests``, ``incumbent_runs`` and ``challenger_runs`` (as the whole
+    night's); ``None`` for nights before it was measured."""

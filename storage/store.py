@@ -24,6 +24,8 @@ from sqlalchemy.orm import Session, selectinload
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import SQLITE_HEADER
 from prefill_tuner.redaction import redact
+from prefill_tuner.search_spaces.render import canonical_command
+from prefill_tuner.search_spaces.rules import canonical
 from prefill_tuner.storage.batched import tune_sqlite
 from prefill_tuner.storage.models import Base, EngineVersion, NightlyRun, StudyRecord, TrialRecord
 
@@ -132,6 +134,16 @@ class TunerStore:
             )
         study.target_trials, study.definition = target_trials, definition
 
+    def record_headroom(self, study: StudyRecord, headroom: dict[str, Any] | None) -> None:
+        """Keep the study's headroom checks (:attr:`StudyRecord.headroom`)."""
+        with self.session() as session, session.begin():
+            session.execute(
+                update(StudyRecord)
+                .where(StudyRecord.id == study.id)
+                .values(headroom=_json_safe(headroom))
+            )
+        study.headroom = headroom
+
     @contextmanager
     def study_lock(self, study: StudyRecord) -> Iterator[None]:
         """Hold the study's lock, across processes and machines, while the block runs.
@@ -237,13 +249,30 @@ class TunerStore:
             session.add(run)
 
     def trials(self, study: StudyRecord) -> Sequence[TrialRecord]:
+        """The study's trials, in trial order, each as recorded but with its settings and serve
+        line in their canonical form (:func:`_canonical_trial`)."""
         with self.session() as session:
-            return session.scalars(
+            rows = session.scalars(
                 select(TrialRecord)
                 .where(TrialRecord.study_id == study.id)
                 .options(selectinload(TrialRecord.engine_version))
                 .order_by(TrialRecord.trial_number)
             ).all()
+        for row in rows:  # detached: nothing changed here is written back
+            _canonical_trial(row)
+        return rows
+
+
+def _canonical_trial(row: TrialRecord) -> None:
+    """An earlier version recorded some trials with a ``long_prefill_token_threshold`` at or
+    above their budget, where it caps nothing: they ran exactly as with it off, so they read
+    as off (settings, serve line, and a note among the repairs), and no report or export of
+    an old study carries the dead flag."""
+    settings, notes = canonical(row.settings or {})
+    if notes:
+        row.settings = settings
+        row.serve_command = canonical_command(row.serve_command)
+        row.repairs = [*(row.repairs or []), *notes]
 
 
 _STUDY_LOCKS_HELD: set[str] = set()

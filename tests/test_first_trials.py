@@ -10,10 +10,14 @@ import optuna
 from prefill_tuner import defaults
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.trial_engine import SimEngine
-from prefill_tuner.study.first_trials import decode_batch, rule_trials
+from prefill_tuner.study.evaluation import verdict_of
+from prefill_tuner.study.first_trials import burst_batch, decode_batch, rule_trials
 from prefill_tuner.study.plan import SpaceSpec, TraceSpec, build_plan
 from prefill_tuner.trace import ShapeOptions
-from prefill_tuner.trace.stats import trace_stats
+from prefill_tuner.trace.model import Request, Trace
+from prefill_tuner.trace.native import write_native
+from prefill_tuner.trace.stats import peak_in_flight, trace_stats
+from prefill_tuner.trace.synth import Burst, MixPart, RequestClass, synthesize
 from tests.conftest import AZURE
 from tests.test_tuning_loop import run_args
 
@@ -98,3 +102,96 @@ def test_no_rule_trials_option(tune, tmp_path: Path) -> None:
     assert code == 0, err
     trials = optuna.load_study(study_name="s", storage=storage).trials
     assert not any(t.user_attrs.get("rule") for t in trials)
+
+
+def test_peak_in_flight_counts_a_burst_at_the_tpot_limit() -> None:
+    def at(*shapes: tuple[float, int]) -> Trace:
+        return Trace(
+            tuple(
+                Request(id=str(i), arrival_s=t, prompt_tokens=100, output_tokens=out)
+                for i, (t, out) in enumerate(shapes)
+            )
+        )
+
+    # Three arrive together and stream 10 tokens at 0.1 s each (1 s); the fourth arrives as
+    # they finish, the fifth while the fourth streams.
+    trace = at((0.0, 10), (0.0, 10), (0.0, 10), (1.0, 10), (1.5, 10))
+    assert peak_in_flight(trace, 0.1) == 3
+    assert peak_in_flight(trace, 0.2) == 5  # twice as slow: everyone overlaps
+    assert peak_in_flight(at((0.0, 1)), 0.1) == 1
+
+
+def bursty_code_trace(tmp_path: Path) -> Path:
+    """Short code completions (512 prompt tokens, 32 output) at one a second, and three
+    bursts of 64 at once: the average decode batch at a 20 ms TPOT is about 1, a burst's 64."""
+    shape = RequestClass("code", 512, 32)
+    trace = synthesize(
+        [MixPart(shape, 1.0)],
+        1.0,
+        count=300,
+        seed=1,
+        bursts=[Burst(shape, at_s, 64) for at_s in (10.0, 25.0, 40.0)],
+    )
+    path = tmp_path / "code.jsonl"
+    write_native(trace.requests, path)
+    return path
+
+
+def test_rule_trials_make_room_for_a_burst(tmp_path: Path) -> None:
+    """Sized on the average batch (the previous rule, 4 × the batch), ``max_num_seqs`` is 8 and
+    every rule trial keeps a burst waiting for slots past the p99 TTFT limit; never below the
+    burst's peak, none does, and a rule trial meets every SLO."""
+    plan = build_plan(
+        ENGINE,
+        TraceSpec(bursty_code_trace(tmp_path)),
+        DEFAULT_SPACE,
+        slos=["p99_tpot=20ms", "p99_ttft=2s"],
+    )
+    batch, peak = decode_batch(plan), burst_batch(plan)
+    assert batch is not None and batch < 2 and peak is not None and peak >= 64
+    trials = rules(plan)
+    assert len(trials) == 3
+
+    def run(settings):
+        result = ENGINE.run(plan.trace, dict(settings))
+        return result.metrics, verdict_of(result, plan.slos, 0.0)
+
+    ttft = next(slo for slo in plan.slos if slo.metric == "ttft")
+    for trial in trials:
+        new = trial.settings
+        old = {**new, "max_num_seqs": 8}  # what 4 × the average batch gave
+        assert new["max_num_seqs"] >= peak and new["max_num_batched_tokens"] >= peak
+        old_metrics, _ = run(old)
+        new_metrics, _ = run(new)
+        assert old_metrics.ttft_s["p99"] > ttft.limit_s  # the burst waits for slots
+        assert new_metrics.ttft_s["p99"] <= ttft.limit_s
+    assert any(run(trial.settings)[1].feasible for trial in trials)
+
+
+def test_the_random_sampler_runs_the_defaults_but_no_rule_trials(tune, tmp_path: Path) -> None:
+    """A random search is the reference the rules and TPE are measured against: after the
+    engine's defaults (every ratio's reference) it runs only random points."""
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    slos = ("p99_tpot=11ms", "p99_ttft=1s")
+    code, _, err = tune(*run_args(storage, 4, "--sampler", "random", slos=slos))
+    assert code == 0, err
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    assert trials[0].user_attrs.get("baseline")
+    assert not any(t.user_attrs.get("rule") for t in trials)
+    assert rules(plan_for(slos))  # TPE would have run them
+    code, out, _ = tune("run", "--help")
+    assert "random then runs random points only" in " ".join(out.split())  # the help says so
+
+
+def test_a_client_limit_caps_the_bursts_peak() -> None:
+    """Closed-loop load: no more requests are in flight than the client allows."""
+    open_loop = burst_batch(plan_for())
+    closed = build_plan(
+        ENGINE,
+        TraceSpec(AZURE, shaping=ShapeOptions(max_requests=150, max_concurrency=2)),
+        DEFAULT_SPACE,
+        slos=["p99_tpot=11ms", "p99_ttft=1s"],
+    )
+    assert open_loop is not None and open_loop > 2
+    assert burst_batch(closed) == 2
+    assert burst_batch(plan_for(("p99_ttft=1s",))) is None  # no TPOT SLO: no rule

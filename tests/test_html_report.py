@@ -190,3 +190,5 @@ def test_tune_report_writes_again_and_refuses_a_bad_output(tune, tmp_path: Path)
     assert code == 0 and f"report: {page}" in err
     text = page.read_text()
     assert "cannot be read here" in text and 'id="serve-line"' in text
+    # The recommendation's headroom (issue 29), from the stored checks.
+    assert '<p class="headroom">headroom (trial ' in text and "headroom rule:" in text

@@ -329,6 +329,7 @@ def test_decode_runs_are_the_step_times_bit_for_bit() -> None:
                 for k in range(count)
             ]
             assert run.tolist() == singles
+            assert p.decode_steps_seconds(requests, first, count) == singles
 
 
 def test_prefill_work_is_a_lower_bound_over_any_chunking() -> None:

@@ -171,3 +171,27 @@ def test_an_interrupted_night_is_resumed_or_superseded(
     assert code in EXIT_CODES.values(), err
     assert "generation 4 (prod-g4)" in out
     assert [n.generation for n in nights(storage)] == [1, 3, 4]
+
+
+def test_incumbent_and_challenger_are_shown_on_tonights_busiest_window(tune, traces: Path) -> None:
+    """Issue 29: the report shows both on tonight's busiest window, measured as the night's
+    runs are (the window is the busiest stretch: its runs are what the simulator gives there)."""
+    storage = f"sqlite:///{traces / 'busy.db'}"
+    code, _, err = nightly(tune, traces, storage, "monday", "--trials", "4")
+    assert code == EXIT_PROMOTED, err
+    code, _, err = nightly(
+        tune, traces, storage, "tuesday", "--trials", "4", "--judge-window", "busiest:20"
+    )
+    assert code in EXIT_CODES.values(), err
+    second = nights(storage)[1]
+    busiest = second.busiest
+    assert busiest is not None and busiest["window"] == "busiest:20"
+    assert len(busiest["incumbent_runs"]) == 1
+    assert len(busiest["challenger_runs"]) == (1 if second.challenger else 0)
+    report = Path(second.report_path).read_text()
+    assert "### On tonight's busiest window (busiest:20" in report
+    assert "| incumbent | " in report.split("### On tonight's busiest window")[1]
+    # The first night had no window given: the busiest quarter of its arrivals' span (~90 s).
+    first = nights(storage)[0]
+    assert first.busiest is not None and first.busiest["incumbent_runs"] == []
+    assert 20 < float(first.busiest["window"].removeprefix("busiest:")) <= 22.5

@@ -21,8 +21,10 @@ from prefill_tuner.search_spaces.render import serve_args, serve_command, serve_
 from prefill_tuner.search_spaces.rules import effective_settings
 from prefill_tuner.search_spaces.space import (
     EngineCapabilities,
+    KnobRange,
     build_space,
     load_space_file,
+    share_of_budget,
 )
 from tests.conftest import vllm_python
 
@@ -108,6 +110,16 @@ def test_overrides_fixed_values_and_files(tmp_path: Path) -> None:
         distributions["long_prefill_token_threshold_log2"].low,
         distributions["long_prefill_token_threshold_log2"].high,
     ) == (8, 10)  # no "off"
+    # As a share of the budget: halved 1..4 times (4096 / 2**4 = 256, the range's lowest),
+    # clipped to 256..1024; no "off" is asked for.
+    shares = share_of_budget(space).distributions()
+    assert (
+        shares["long_prefill_token_threshold_halvings"].low,
+        shares["long_prefill_token_threshold_halvings"].high,
+    ) == (1, 4)
+    threshold = share_of_budget(space).ranges["long_prefill_token_threshold"]
+    assert [threshold.value(k, 4096) for k in (1, 2, 3, 4)] == [1024, 1024, 512, 256]
+    assert [threshold.value(k, 512) for k in (1, 2, 3, 4)] == [256, 256, 256, 256]
     assert distributions["enable_chunked_prefill"].choices == (True,)
     assert "max_num_seqs" not in space.ranges and space.fixed["max_num_seqs"] == 64
     path = tmp_path / "space.yaml"
@@ -147,22 +159,89 @@ def test_every_point_of_the_space_is_a_config_vllm_accepts(seed: int, max_model_
     assert space.settings_from_params(trial.params) == sampled
 
 
-def test_threshold_parameter_maps_off_and_powers_of_two() -> None:
-    space = build_space(SIM)
+def test_as_a_share_of_the_budget_the_threshold_is_never_at_or_above_it() -> None:
+    space = share_of_budget(build_space(SIM))
     knob = space.ranges["long_prefill_token_threshold"]
+    assert knob.param == "long_prefill_token_threshold_halvings"
+    distribution = space.distributions()[knob.param]
+    assert (distribution.low, distribution.high) == (0, 8)  # off, then 16384 / 2**8 = 64
+    assert knob.value(0, 906) == 0
+    assert [knob.value(k, 906) for k in (1, 2, 3, 4, 8)] == [453, 226, 113, 64, 64]
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    for _ in range(300):
+        sampled = space.suggest(study.ask())
+        threshold, budget = (
+            sampled["long_prefill_token_threshold"],
+            sampled["max_num_batched_tokens"],
+        )
+        assert threshold == 0 or 64 <= threshold < budget
+    # The engine's defaults (threshold off) lie inside; a point maps back to its parameters.
+    defaults = {
+        "max_num_batched_tokens": 8192,
+        "max_num_seqs": 1024,
+        "enable_chunked_prefill": True,
+        "long_prefill_token_threshold": 0,
+        "scheduler_reserve_full_isl": True,
+    }
+    assert space.outside(defaults) == {}
+    assert space.params_for(defaults)[knob.param] == 0
+    capped = {**defaults, "long_prefill_token_threshold": 1024}
+    assert space.params_for(capped)[knob.param] == 3
+    assert space.settings_from_params(space.params_for(capped)) == capped
+    # A threshold at or above the budget is off, wherever it comes from.
+    assert space.params_for({**defaults, "long_prefill_token_threshold": 8192})[knob.param] == 0
+    # A fixed budget is the reference too; without a known budget the space is unchanged.
+    fixed = share_of_budget(build_space(SIM, fixed={"max_num_batched_tokens": 2048}))
+    assert fixed.ranges["long_prefill_token_threshold"].halvings == 5
+    old = EngineCapabilities("vllm", "0.9.0", accepted_flags=frozenset({"--max-num-seqs",
+                             "--long-prefill-token-threshold"}))  # fmt: skip
+    unknown = build_space(old)
+    assert "max_num_batched_tokens" not in unknown.ranges
+    assert share_of_budget(unknown) == unknown
+    assert fixed.settings_from_params({knob.param: 1}) == {"long_prefill_token_threshold": 1024}
+
+
+def test_by_default_the_threshold_is_an_absolute_power_of_two() -> None:
+    """Measured (benchmarks/RESULTS.md, issue 29): the tuner's TPE finds the best settings
+    sooner with the cap in tokens than as a share of the budget."""
+    assert build_space(SIM).ranges["long_prefill_token_threshold"].halvings == 0
+    knob = KnobRange(KNOBS["long_prefill_token_threshold"], 64, 8192)
+    assert knob.param == "long_prefill_token_threshold_log2"
     assert knob.value(5) == 0 and knob.value(6) == 64 and knob.value(13) == 8192
-    assert (
-        space.params_for(
-            {
-                "max_num_batched_tokens": 8192,
-                "max_num_seqs": 1024,
-                "enable_chunked_prefill": True,
-                "long_prefill_token_threshold": 0,
-                "scheduler_reserve_full_isl": True,
-            }
-        )["long_prefill_token_threshold_log2"]
-        == 5
+    assert knob.param_for(0) == 5
+
+
+def test_a_threshold_at_or_above_the_budget_is_off_in_every_trial() -> None:
+    """vLLM cuts a chunk to the threshold, then to the budget left (never more than the
+    budget): at or above the budget the threshold caps nothing, so the one form is off."""
+    for threshold in (906, 8192):
+        settings_, notes = effective_settings(
+            {"max_num_batched_tokens": 906, "long_prefill_token_threshold": threshold}, {}, 32768
+        )
+        assert settings_["long_prefill_token_threshold"] == 0
+        assert "caps nothing" in notes[-1]
+    below, notes = effective_settings(
+        {"max_num_batched_tokens": 906, "long_prefill_token_threshold": 905}, {}, 32768
     )
+    assert below["long_prefill_token_threshold"] == 905 and notes == []
+    # Chunked prefill off raises the budget to the context length: the threshold below it
+    # still cuts (vLLM 0.32 splits a prompt into threshold-sized chunks even then).
+    off, _ = effective_settings(
+        {
+            "max_num_batched_tokens": 512,
+            "enable_chunked_prefill": False,
+            "long_prefill_token_threshold": 4096,
+        },
+        {},
+        8192,
+    )
+    assert off["max_num_batched_tokens"] == 8192 and off["long_prefill_token_threshold"] == 4096
+    # A fixed threshold at or above the budget is off too.
+    fixed, _ = effective_settings(
+        {"max_num_batched_tokens": 1024}, {"long_prefill_token_threshold": 2048}, 8192
+    )
+    assert fixed["long_prefill_token_threshold"] == 0
+    assert "--long-prefill-token-threshold 0" in serve_command("m", fixed)
 
 
 def test_repairs_are_reported() -> None:
@@ -178,8 +257,8 @@ def test_repairs_are_reported() -> None:
     )
     assert settings_["max_num_batched_tokens"] == 32768
     assert settings_["max_num_seqs"] == 1024
-    assert settings_["long_prefill_token_threshold"] == 32768
-    assert len(notes) == 2
+    assert settings_["long_prefill_token_threshold"] == 0  # lowered to 32768: the budget
+    assert len(notes) == 3
     settings_, notes = effective_settings(
         {"max_num_batched_tokens": 256, "max_num_seqs": 512}, {}, 4096
     )

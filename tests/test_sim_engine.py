@@ -3,8 +3,11 @@ closed-loop load (a client that keeps at most N requests in flight)."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefill_tuner.engines.sim import ConstantProfile, SimConfig, StepRecord, load_profile, simulate
+from prefill_tuner.engines.sim import (
+    ConstantProfile,
+    FittedProfile,
+    SimConfig,
+    StepRecord,
+    load_profile,
+    simulate,
+)
 from prefill_tuner.engines.sim.cost_model import StepShape
+from prefill_tuner.engines.sim.scheduler import Scheduler, SteadyRun
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.metrics import summarize_run
 from prefill_tuner.trace import ShapeOptions, load_trace
@@ -98,6 +109,79 @@ def test_fast_forward_is_exact_on_random_scenarios(
     assert_identical(both_ways(trace, config, H100, limit))
 
 
+LINEAR = FittedProfile(
+    name="linear",
+    base_ms=4.0,
+    prefill_token_ms=0.02,
+    prefill_pair_ms=1e-6,
+    prefill_context_ms=1e-4,
+    decode_ms=0.05,
+    decode_squared_ms=1e-4,
+    decode_context_ms=3e-5,
+    request_ms=0.01,
+    host_ms=1.3,
+    host_request_ms=0.07,
+)
+
+
+@contextlib.contextmanager
+def counting_runs() -> Iterator[collections.Counter[str]]:
+    """Count the fast-forwarded runs by kind while the block runs."""
+    kinds: collections.Counter[str] = collections.Counter()
+    apply = Scheduler.apply_steady_run
+
+    def counted(self: Scheduler, run: SteadyRun, steps: int, times: list[float]):  # type: ignore[no-untyped-def]
+        kinds["chunk" if run.chunks else "decode"] += 1
+        kinds["several chunks"] += len(run.chunks) > 1
+        kinds["past finishes"] += any(last < steps for last in run.lasts)
+        return apply(self, run, steps, times)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Scheduler, "apply_steady_run", counted)
+        yield kinds
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_every_kind_of_run_is_fast_forwarded_exactly(async_scheduling: bool) -> None:
+    """Random scenarios (prefix cache on and off, preemption pressure, chunked prefill, the
+    long-prefill threshold), open and closed loop, on a constant, a linear and a kernels
+    profile: every kind of fast-forwarded run occurs (a prefill chunk with decodes, plain
+    decodes, decodes past finishes) and stepping gives the same steps, times and sends."""
+    with counting_runs() as kinds:
+        for seed in range(60):
+            trace, config = random_scenario(seed, async_scheduling=async_scheduling)
+            profile = (ConstantProfile(step_ms=7.0), LINEAR, H100)[seed % 3]
+            for limit in (None, 1 + seed % 3):
+                assert_identical(both_ways(trace, config, profile, limit))
+    assert min(kinds["chunk"], kinds["decode"], kinds["past finishes"]) >= 20, kinds
+    assert kinds["several chunks"] >= 5, kinds
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_small_budgets_fast_forward_exactly_on_a_real_trace(async_scheduling: bool) -> None:
+    """A rule trial's setting (a token budget just above the decode batch) on Mooncake
+    with a small pool: prompts go in many chunks beside decodes, under KV pressure, with
+    prefix hits; fast-forwarding them changes nothing."""
+    mooncake = load_trace(
+        str(MOONCAKE), options=ShapeOptions(rate_scale=0.1, max_model_len=32768, max_requests=150)
+    )
+    config = SimConfig(
+        **{
+            **H100.engine_defaults,
+            "max_model_len": 32768,
+            "num_gpu_blocks": 2500,
+            "max_num_batched_tokens": 403,
+            "max_num_seqs": 256,
+            "async_scheduling": async_scheduling,
+        }
+    )
+    with counting_runs() as kinds:
+        runs = both_ways(mooncake, config)
+    assert runs[0][0].preemptions > 0 and runs[0][0].prefix_cache_hits > 0
+    assert kinds["chunk"] > 100, kinds
+    assert_identical(runs)
+
+
 @pytest.mark.parametrize(("async_scheduling", "lag"), [(False, 0), (True, 1)])
 def test_constant_steps_map_arrivals_to_steps_exactly(async_scheduling: bool, lag: int) -> None:
     """Arrivals at k × 10 ms with 10 ms steps: each is scheduled in step k (synchronous) or
@@ -164,6 +248,7 @@ def test_the_shipped_profile_times_steps_as_the_measured_kernels_do() -> None:
         for j in range(5)
     ]
     assert run.tolist() == singles  # bit for bit: fast-forward relies on it
+    assert H100.decode_steps_seconds(32, 32_000, 5) == singles
     assert np.all(np.diff(run) > 0)  # longer contexts read more KV
 
 

@@ -33,6 +33,7 @@ from prefill_tuner.cli.worker_cmd import worker_command
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import WRITE_FAILURES
 from prefill_tuner.redaction import redact_text
+from prefill_tuner.storage.batched import close_databases
 from prefill_tuner.storage.store import mask_password, storage_error
 from prefill_tuner.version import __version__
 
@@ -95,6 +96,7 @@ def main() -> None:
         try:
             code = app(standalone_mode=False, prog_name="tune")  # errors: said in one line
         finally:
+            close_databases()  # the study is one file again: its WAL checkpointed and removed
             if sys.stdout is not None:
                 sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
     except SystemExit as exit_:
@@ -131,7 +133,10 @@ def _is_click(exc: BaseException, *names: str) -> bool:
 
 def _parser_error(exc: Exception) -> NoReturn:
     """A usage error of the argument parser (a missing argument, a value out of range) in one
-    line naming the command and its ``--help``; no arguments at all: the help."""
+    line naming the command and its ``--help``; no arguments at all: the help.
+
+    ``exc`` is one of click's exceptions, told apart by name (``_is_click``): typer may vendor
+    click, so its classes cannot be imported to narrow the type, hence the three ignores."""
     if type(exc).__name__ == "NoArgsIsHelpError":
         help_text = exc.format_message()  # type: ignore[attr-defined]
         if help_text.strip():  # typer's rich help is printed when it is built
@@ -156,8 +161,10 @@ def _not_finite(exc: Exception) -> str | None:
     cause = exc.__cause__
     errors = cause.errors() if isinstance(cause, ValidationError) else []
     given = errors[0].get("input") if errors else None
+    if not isinstance(given, (int, float, str)):
+        return None
     try:
-        value = float(given)  # type: ignore[arg-type]
+        value = float(given)
     except (TypeError, ValueError):
         return None
     if math.isfinite(value):

@@ -239,6 +239,8 @@ def trial_line(result: TrialResult, objectives: Sequence[Objective]) -> str:
     )
     verdict = "meets the SLOs" if result.verdict.feasible else "misses the SLOs"
     why = f"; cut short: {result.cut_short}" if result.cut_short else ""
+    if result.same_as is not None:
+        why += f"; the settings of trial {result.same_as}: its result reused, not rerun"
     return f"trial {result.number} {verdict}: {shown}{why}{took}"
 
 

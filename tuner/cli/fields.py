@@ -31,6 +31,9 @@ FLAGS: dict[str, str] = {
     "rule_trials": "--rule-trials",
     "capacity_tolerance": "--capacity-tolerance",
     "early_abort": "--early-abort",
+    "judge_windows": "--judge-window",
+    "headroom": "--headroom",
+    "headroom_check": "--headroom-check",
     # its space (SpaceSpec)
     "fixed": "--set",
     "ranges": "--space",
@@ -104,7 +107,9 @@ def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring (the string literal under its declaration), as vLLM's and
     pydantic's attribute docstrings are read: from the class's source."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    declaration = tree.body[0]
+    assert isinstance(declaration, ast.ClassDef), cls
+    body = declaration.body
     docs: dict[str, str] = {}
     for declared, following in itertools.pairwise(body):
         if (

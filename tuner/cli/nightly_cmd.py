@@ -25,6 +25,8 @@ from prefill_tuner.cli.options import (
     SPACE,
     TRACE,
     ErrorBudgetOpt,
+    HeadroomOpt,
+    JudgeWindowOpt,
     ModelOpt,
     NoReportOpt,
     ScreenOpt,
@@ -94,6 +96,8 @@ def nightly_command(
     seed: SeedOpt = 0,
     error_budget: ErrorBudgetOpt = 0.0,
     screen: ScreenOpt = 0,
+    judge_window: JudgeWindowOpt = None,
+    headroom: HeadroomOpt = None,
     no_report: NoReportOpt = False,
     verify: Annotated[
         bool,
@@ -125,6 +129,8 @@ def nightly_command(
             error_budget=error_budget,
             seed=seed,
             screen_trials=screen,
+            judge_windows=tuple(judge_window or ()),
+            headroom=headroom,
         )
         job = NightlyJob(
             family=study,

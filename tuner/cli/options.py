@@ -64,6 +64,11 @@ StorageOpt = Annotated[
 ]
 StudyOpt = Annotated[str | None, typer.Option("--study", help=_study("name"))]
 SloOpt = Annotated[list[str], typer.Option("--slo", help=_study("slos"))]
+HeadroomOpt = Annotated[float | None, typer.Option("--headroom", help=_study("headroom"))]
+HeadroomCheckOpt = Annotated[str, typer.Option("--headroom-check", help=_study("headroom_check"))]
+JudgeWindowOpt = Annotated[
+    list[str] | None, typer.Option("--judge-window", help=_study("judge_windows"))
+]
 
 
 def _model_name(name: str) -> str:

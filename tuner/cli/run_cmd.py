@@ -27,7 +27,10 @@ from prefill_tuner.cli.options import (
     SPACE,
     TRACE,
     ErrorBudgetOpt,
+    HeadroomCheckOpt,
+    HeadroomOpt,
     JsonOpt,
+    JudgeWindowOpt,
     ModelOpt,
     NoReportOpt,
     SampledTraceOpt,
@@ -105,6 +108,9 @@ def run_command(
         ),
     ] = True,
     screen: ScreenOpt = 0,
+    headroom: HeadroomOpt = None,
+    headroom_check: HeadroomCheckOpt = "sim",
+    judge_window: JudgeWindowOpt = None,
     report: Annotated[
         Path | None,
         typer.Option(
@@ -144,11 +150,12 @@ def run_command(
             early_abort=early_abort,
             screen_trials=screen,
             rule_trials=rule_trials,
+            judge_windows=tuple(judge_window or ()),
+            headroom=headroom,
+            headroom_check=headroom_check,
         )
-        wanted = not (no_report or create_only)
-        report_path = (
-            _report_path(report, plan, [trace_file, *inputs_of(storage)]) if wanted else None
-        )
+        unwanted = no_report or create_only
+        report_path = _report_path(report, plan, [trace_file, *inputs_of(storage)], unwanted)
         store = TunerStore(storage)  # a damaged storage fails before the first trial
         quiet_optuna()
         session = TuningSession(
@@ -172,7 +179,7 @@ def run_command(
                 err.print(
                     "interrupted: every finished trial is kept; run the same command to resume"
                 )
-            summary = session.summary()
+            summary = session.summary(None if interrupted else _sayer(err))
             if as_json:
                 print_document(stored_summary_document(store, plan.name))
             else:
@@ -180,7 +187,7 @@ def run_command(
             if interrupted:
                 raise typer.Exit(exit_codes.INTERRUPTED)
             _explain(session, summary, storage, report_path, err)
-    if summary.recommended is None:
+    if summary.recommended is None or not summary.margin_met:
         raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
 
 
@@ -199,9 +206,13 @@ def _trace_words(trace_file: Path, err: Console) -> str:
     return "the bundled sample"
 
 
-def _report_path(report: Path | None, plan: StudyPlan, inputs: list[Path | str]) -> Path:
-    """Where the report goes, checked before any trial: one that cannot be written, or would
-    replace an input, is refused."""
+def _report_path(
+    report: Path | None, plan: StudyPlan, inputs: list[Path | str], unwanted: bool
+) -> Path | None:
+    """Where the report goes (``None``: ``unwanted``), checked before any trial: one that
+    cannot be written, or would replace an input, is refused."""
+    if unwanted:
+        return None
     path = report or defaults.report_path(plan.name)
     check_output(path, inputs)
     return path

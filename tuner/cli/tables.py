@@ -23,9 +23,11 @@ from prefill_tuner.study.summary import (
     COLUMNS,
     StudySummary,
     cut_short_record,
+    headroom_lines,
     knob_cells,
     knob_legend,
     predicted,
+    window_lines,
 )
 
 
@@ -80,6 +82,8 @@ def render_summary(summary: StudySummary) -> Group:
                 style="bold",
             )
         )
+        parts += [Text(line) for line in headroom_lines(summary)]
+        parts += [Text(line) for line in window_lines(recommended)]
         if summary.baseline is not None:
             parts.append(Text(_improvement(summary, recommended, summary.baseline)))
         guess = predicted(recommended)

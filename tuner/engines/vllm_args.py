@@ -89,7 +89,9 @@ def _plain_fields(config: object) -> dict[str, object]:
     import dataclasses
 
     values: dict[str, object] = {}
-    for field in dataclasses.fields(config):  # type: ignore[arg-type]
+    if not dataclasses.is_dataclass(config):
+        raise TypeError(f"not a config dataclass: {type(config).__name__}")
+    for field in dataclasses.fields(config):
         value = getattr(config, field.name, None)
         if is_secret(field.name) or dataclasses.is_dataclass(value) or callable(value):
             continue

@@ -101,6 +101,7 @@ def render(
             headroom = run.get("headroom")
             shown = f"{headroom:.1%}" if isinstance(headroom, float) else "-"
             lines.append(f"| {label} | {index} | {met} | {shown} | " + " | ".join(cells) + " |")
+    lines += _busiest_lines(night, names)
     for label, settings in (("incumbent", night.incumbent), ("challenger", night.challenger)):
         if settings is not None:
             shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
@@ -121,6 +122,33 @@ def render(
         lines.append("Nothing: no configuration has met the SLOs yet.")
     lines += ["", "## The promotion rule", "", _rule(), ""]
     return "\n".join(lines)
+
+
+def _busiest_lines(night: NightlyRun, names: list[str]) -> list[str]:
+    """The incumbent and challenger on tonight's busiest window (not part of the decision)."""
+    busiest = night.busiest
+    if not busiest:
+        return []
+    lines = [
+        "",
+        f"### On tonight's busiest window ({busiest['window']}: {busiest['requests']} requests "
+        f"from {busiest['start_s']:g} s)",
+        "",
+        "The traffic that is coming may look like this stretch more than like the night's "
+        "average; one run each, not part of the decision.",
+        "",
+        "| configuration | meets SLOs | headroom | " + " | ".join(names) + " |",
+        "|---|---|---|" + "---|" * len(names),
+    ]
+    for label in ("incumbent", "challenger"):
+        for run in busiest.get(f"{label}_runs") or []:
+            values = run.get("values", {})
+            met = "yes" if run.get("feasible") else (run.get("failure") or "no")
+            headroom = run.get("headroom")
+            shown = f"{headroom:.1%}" if isinstance(headroom, float) else "-"
+            cells = [_seconds(values.get(name)) for name in names]
+            lines.append(f"| {label} | {met} | {shown} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _rule() -> str:

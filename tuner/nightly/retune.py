@@ -34,6 +34,7 @@ from prefill_tuner.output.html import write_report
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.space import knob_availability
+from prefill_tuner.storage.batched import optuna_storage
 from prefill_tuner.storage.models import NightlyRun
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.evaluation import verdict_of
@@ -46,7 +47,9 @@ from prefill_tuner.study.run import (
     run_study,
 )
 from prefill_tuner.study.screening import give_profile, run_screened_study
+from prefill_tuner.study.session import checked_summary
 from prefill_tuner.study.summary import summarize_study
+from prefill_tuner.study.windows import judge_windows
 from prefill_tuner.trace.stats import trace_stats
 
 EXIT_KEPT = exit_codes.OK
@@ -134,7 +137,9 @@ def retune(
     else:
         say("the deadline left no time to search: the incumbent is kept if it holds")
 
-    summary = summarize_study(study, record, store.trials(record))
+    summary = checked_summary(
+        plan, engine, store, study, summarize_study(study, record, store.trials(record)), say
+    )
     challenger = summary.recommended.settings if summary.recommended else None
     if challenger is not None and incumbent is not None and _same(challenger, incumbent):
         challenger = None  # the search's best is the incumbent itself
@@ -143,6 +148,7 @@ def retune(
         say(f"re-measuring the challenger ({repeats} run{'s' * (repeats > 1)})")
         challenger_runs = measure(engine, plan, challenger, repeats)
 
+    busiest = busiest_runs(engine, plan, incumbent if incumbent_runs else None, challenger, say)
     decision = decide(incumbent_runs, challenger_runs, nightly.min_gain)
     if decision.action == "promote" and nightly.verify and challenger is not None:
         decision = verified(decision, engine, plan, challenger, say)
@@ -171,6 +177,7 @@ def retune(
         serve_command=command,
         report_path="",
         wall_s=0.0,
+        busiest=busiest,
     )
     night.wall_s = time.monotonic() - started
     report_path = write_outputs(nightly, night, previous, summary, engine.capabilities)
@@ -267,6 +274,48 @@ def measure(
     return runs
 
 
+BUSIEST_S = 600.0
+"""Tonight's busiest window, when the plan judges on none: the busiest 10 minutes (a quarter of
+a shorter night)."""
+
+
+def busiest_spec(plan: StudyPlan) -> str:
+    """The busiest window the night reports on: the plan's first ``busiest:`` judge window,
+    else :data:`BUSIEST_S` seconds (at most a quarter of the trace's span)."""
+    given = next((spec for spec in plan.judge_windows if spec.startswith("busiest:")), None)
+    if given is not None:
+        return given
+    arrivals = [r.arrival_s for r in plan.trace.requests]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return f"busiest:{max(min(BUSIEST_S, span / 4), 1.0):g}"
+
+
+def busiest_runs(
+    engine: TrialEngine,
+    plan: StudyPlan,
+    incumbent: Mapping[str, Any] | None,
+    challenger: Mapping[str, Any] | None,
+    say: Callable[[str], None],
+) -> dict[str, Any] | None:
+    """How the incumbent and the challenger do on tonight's busiest window (one run each; the
+    whole night's runs decide): heavier traffic than the night's average is what tomorrow may
+    bring. ``None`` when there is neither."""
+    if incumbent is None and challenger is None:
+        return None
+    window = judge_windows(plan.trace, [busiest_spec(plan)])[0]
+    say(f"measuring on tonight's busiest window, {window.words()}")
+    shaped = replace(plan, trace=window.trace)
+    result: dict[str, Any] = {
+        "window": window.spec,
+        "start_s": window.start_s,
+        "requests": len(window.trace),
+    }
+    for label, settings in (("incumbent", incumbent), ("challenger", challenger)):
+        runs = measure(engine, shaped, settings, 1) if settings is not None else []
+        result[f"{label}_runs"] = [_as_record(m) for m in runs]
+    return result
+
+
 def unavailable_settings(settings: Mapping[str, Any], engine: TrialEngine) -> str:
     """Why this engine cannot take these settings (a knob its version lacks), or ''."""
     reasons = []
@@ -298,7 +347,7 @@ def _warm_start(
     if record is None:
         return 0
     try:
-        last = optuna.load_study(study_name=record.name, storage=plan.storage_url)
+        last = optuna.load_study(study_name=record.name, storage=optuna_storage(plan.storage_url))
     except KeyError:
         return 0
     trials = store.trials(record)

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any, Literal
 
 import optuna
 from pydantic import BaseModel, ConfigDict, Field
 
+from prefill_tuner.storage.batched import optuna_storage
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.headroom import HEADROOM_RULE, Check, HeadroomReport
 from prefill_tuner.study.recommend import RULE
 from prefill_tuner.study.replica_count import ReplicaPlan, replica_details
 from prefill_tuner.study.summary import StudySummary, predicted, summarize_stored
@@ -90,6 +93,83 @@ class StudyDocument(_Document):
     )
 
 
+class HeadroomCheckDocument(_Document):
+    """One run of a candidate's settings, changed (a neighbour, or more load)."""
+
+    what: str = Field(description="`max_num_batched_tokens ×1.25`, `load ×1.5`, ...")
+    settings: dict[str, Any] = Field(description="The settings it ran (repaired by vLLM's rules).")
+    rate: float = Field(description="Multiple of the trace's request rate it ran at.")
+    meets: bool = Field(description="Whether it met every SLO (and every judge window's).")
+    worst: float | None = Field(
+        description="The worst SLO's value over its limit (over 1: missed); null when the run "
+        "failed or lost requests beyond the error budget."
+    )
+    binding: str = Field(description="That SLO (`p99_tpot`, `p99_tpot@busiest:300`, `errors`).")
+
+
+class HeadroomCandidateDocument(_Document):
+    """One of the best settings, checked."""
+
+    trial: int = Field(description="Its trial number.")
+    score: float | None = Field(description="Its worst ratio by the recommendation rule.")
+    load: float = Field(
+        description="The highest multiple of the trace's rate tried that it met (1: none above)."
+    )
+    load_missed: float | None = Field(
+        description="The lowest multiple it missed (null: it met every one tried)."
+    )
+    neighbours_meet: bool = Field(description="Whether every neighbour met the SLOs.")
+    neighbours: list[HeadroomCheckDocument]
+    loads: list[HeadroomCheckDocument]
+
+
+class HeadroomDocument(_Document):
+    """The headroom checks of the best settings and the recommendation they chose."""
+
+    rule: str = Field(description="How the checks change the recommendation.")
+    statement: list[str] = Field(description="What they found, as the terminal says it.")
+    checked_on: str = Field(description="Where the checks ran (the simulator, its profile).")
+    margin: float | None = Field(description="The required load margin (`--headroom`), if any.")
+    margin_met: bool = Field(description="Whether the recommendation carries it.")
+    rule_pick: int = Field(description="The trial the recommendation rule alone picks.")
+    recommended: int = Field(description="The trial recommended after the checks.")
+    candidates: list[HeadroomCandidateDocument]
+    runs: int = Field(description="Engine runs the checks took.")
+    seconds: float = Field(description="Seconds they took.")
+    windows: list[str] = Field(description="Judge windows each check also ran on.")
+
+
+def headroom_document(report: HeadroomReport) -> HeadroomDocument:
+    def check(found: Check) -> HeadroomCheckDocument:
+        worst = found.worst if math.isfinite(found.worst) else None
+        return HeadroomCheckDocument(**{**asdict(found), "worst": worst})
+
+    return HeadroomDocument(
+        rule=HEADROOM_RULE,
+        statement=report.lines(),
+        checked_on=report.checked_on,
+        margin=report.margin,
+        margin_met=report.margin_met,
+        rule_pick=report.rule_pick,
+        recommended=report.recommended,
+        candidates=[
+            HeadroomCandidateDocument(
+                trial=c.trial_number,
+                score=c.score if math.isfinite(c.score) else None,
+                load=c.load,
+                load_missed=c.load_missed,
+                neighbours_meet=c.neighbours_meet,
+                neighbours=[check(n) for n in c.neighbours],
+                loads=[check(n) for n in c.loads],
+            )
+            for c in report.candidates
+        ],
+        runs=report.runs,
+        seconds=report.seconds,
+        windows=report.windows,
+    )
+
+
 class SummaryDocument(_Document):
     """What a study found (``tune run --json``, ``tune pareto --json``)."""
 
@@ -111,6 +191,12 @@ class SummaryDocument(_Document):
     )
     prediction_error: dict[str, float] = Field(
         description="Screened studies: objective → median |predicted / measured − 1|."
+    )
+    headroom: HeadroomDocument | None = Field(
+        default=None,
+        description="The load headroom and neighbour checks of the best settings, which chose "
+        "the recommendation; null when they did not run (off, a capacity study, nothing met "
+        "the SLOs, or trials finished since).",
     )
 
 
@@ -154,6 +240,10 @@ class ExportDocument(_Document):
     study: str
     rule: str = Field(description="How the recommended setting is chosen.")
     pareto: list[ExportEntry]
+    headroom: HeadroomDocument | None = Field(
+        default=None,
+        description="The headroom checks that chose the recommendation (null: not checked).",
+    )
 
 
 class ReplicaCountDocument(_Document):
@@ -316,6 +406,7 @@ def summary_document(
         closest=[doc(t) for t in summary.closest],
         serve_lines=[t.serve_command for t in ordered],
         prediction_error=summary.prediction_error,
+        headroom=headroom_document(summary.headroom) if summary.headroom else None,
     )
 
 
@@ -338,7 +429,12 @@ def export_document(summary: StudySummary) -> ExportDocument:
         )
         for trial in ordered
     ]
-    return ExportDocument(study=summary.study.name, rule=RULE, pareto=entries)
+    return ExportDocument(
+        study=summary.study.name,
+        rule=RULE,
+        pareto=entries,
+        headroom=headroom_document(summary.headroom) if summary.headroom else None,
+    )
 
 
 def trials_document(
@@ -358,7 +454,7 @@ def trials_document(
 def optuna_trials(store: TunerStore, name: str) -> list[optuna.trial.FrozenTrial]:
     """The Optuna study's trials (none when the study has no Optuna side)."""
     try:
-        study = optuna.load_study(study_name=name, storage=store.url)
+        study = optuna.load_study(study_name=name, storage=optuna_storage(store.url))
     except KeyError:
         return []
     return study.get_trials(deepcopy=False)

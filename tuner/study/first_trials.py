@@ -12,9 +12,14 @@ limit's seconds per token. Then
    decodes keep their room when several prompts arrive together;
 3. a budget with room for prefills (the smallest power of two ≥ batch + 2,048): low TTFT.
 
-All three run chunked prefill and let up to 4 × the batch run at once. The sampler then models
-them with the rest; TPE's random start-up trials follow as before. The settings are clipped to
-the searched ranges; a rule whose knobs are not searched, or which repeats an earlier trial, is
+All three run chunked prefill and let up to 4 × the batch run at once, and never fewer than the
+trace's bursts bring in flight (:func:`burst_batch`: the most requests decoding at once when
+each streams at the TPOT limit from its arrival; a bursty trace's average batch is far below its
+bursts', and a ``max_num_seqs`` sized on the average keeps a burst waiting for slots, which
+missed p99 TTFT on a bursty short-output trace); a budget below that many is raised to it
+(vLLM's rule: ``max_num_batched_tokens`` ≥ ``max_num_seqs``). The sampler then models them with
+the rest; TPE's random start-up trials follow as before. The settings are clipped to the
+searched ranges; a rule whose knobs are not searched, or which repeats an earlier trial, is
 left out.
 """
 
@@ -27,7 +32,7 @@ from typing import Any
 from prefill_tuner.search_spaces.rules import effective_settings
 from prefill_tuner.search_spaces.space import KnobRange
 from prefill_tuner.study.plan import StudyPlan
-from prefill_tuner.trace.stats import trace_stats
+from prefill_tuner.trace.stats import peak_in_flight, trace_stats
 
 TOKENS, SEQS = "max_num_batched_tokens", "max_num_seqs"
 THRESHOLD, CHUNKED = "long_prefill_token_threshold", "enable_chunked_prefill"
@@ -62,6 +67,19 @@ def decode_batch(plan: StudyPlan) -> float | None:
     return batch if client is None else min(batch, float(client))
 
 
+def burst_batch(plan: StudyPlan) -> int | None:
+    """Requests in flight at the trace's busiest moment when each streams its output at the
+    tightest TPOT limit from its arrival (:func:`~prefill_tuner.trace.stats.peak_in_flight`):
+    the ``max_num_seqs`` below which a burst waits for slots. ``None`` without a TPOT SLO or
+    without requests; a client limit (closed-loop load) caps it."""
+    limits = [slo.limit_s for slo in plan.slos if slo.metric == "tpot"]
+    if not limits or not plan.trace.requests:
+        return None
+    peak = peak_in_flight(plan.trace, min(limits))
+    client = plan.shaping.max_concurrency
+    return peak if client is None else min(peak, client)
+
+
 def rule_trials(plan: StudyPlan, defaults: dict[str, Any], max_model_len: int) -> list[RuleTrial]:
     """The rule-derived settings for this plan (empty for a capacity study, without a TPOT SLO,
     or when ``max_num_batched_tokens`` is not searched). ``defaults``: the engine's defaults,
@@ -71,11 +89,15 @@ def rule_trials(plan: StudyPlan, defaults: dict[str, Any], max_model_len: int) -
     if plan.objective_mode != "latency" or batch is None or TOKENS not in ranges:
         return []
 
+    running = max(RUNNING_FACTOR * batch, float(burst_batch(plan) or 0))
+    seqs = _pow2_at_least(running, ranges[SEQS]) if SEQS in ranges else None
+
     def settings(budget: int, threshold: int = 0) -> dict[str, Any]:
         chosen = {name: defaults[name] for name in ranges if name in defaults}
+        if seqs is not None:  # room to run a burst's requests at once
+            budget = min(max(budget, seqs), ranges[TOKENS].high)
+            chosen[SEQS] = min(seqs, budget)
         chosen[TOKENS] = budget
-        if SEQS in ranges:
-            chosen[SEQS] = min(_pow2_at_least(RUNNING_FACTOR * batch, ranges[SEQS]), budget)
         if CHUNKED in ranges:
             chosen[CHUNKED] = True
         if THRESHOLD in ranges:

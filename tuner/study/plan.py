@@ -4,6 +4,7 @@ builds it from what the user gave: engine → search space → trace shaping →
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from prefill_tuner.search_spaces.space import (
     build_space,
     load_space_file,
 )
+from prefill_tuner.study.windows import canonical, judge_windows
 from prefill_tuner.trace import load_trace
 from prefill_tuner.trace.classes import check_slo_classes, class_counts
 from prefill_tuner.trace.model import Trace
@@ -30,6 +32,8 @@ STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 """A study name: it becomes part of file and folder names (logs, nightly reports), so only
 letters, digits, ``.``, ``_`` and ``-``, not starting with a dot or dash (no ``..``, no ``/``)."""
 
+MAX_HEADROOM = 64.0
+"""The largest load margin :attr:`StudyPlan.headroom` takes (the capacity search's bound)."""
 RATE_MULTIPLIER = "rate_multiplier"
 """The objective of capacity studies: the highest trace-rate multiplier meeting every SLO."""
 OBJECTIVE_MODES = ("latency", "capacity")
@@ -72,7 +76,9 @@ class StudyPlan:
 
     Offset by the number of trials so far on each resume."""
     sampler: Literal["tpe", "random"] = defaults.SAMPLER
-    """tpe (multivariate TPE) or random."""
+    """tpe (multivariate TPE) or random: both run the engine's defaults first (the baseline
+    every ratio is measured against); random then runs random points only, no rule-derived
+    trials."""
     startup_trials: int = defaults.STARTUP_TRIALS
     """Trials TPE samples at random before it models the results (the baseline included)."""
     rule_trials: bool = defaults.RULE_TRIALS
@@ -81,7 +87,8 @@ class StudyPlan:
     with room for prefills) before the sampler's.
 
     The rules are :mod:`prefill_tuner.study.first_trials`'s; they run on the study's first run,
-    and not in a screened study, whose screening candidates come first."""
+    not under the random sampler (a plain random search), and not in a screened study, whose
+    screening candidates come first."""
     capacity_tolerance: float = defaults.CAPACITY_TOLERANCE
     """Capacity bisection precision (relative).
 
@@ -97,10 +104,42 @@ class StudyPlan:
     first (0: off). Workers of the study share the screening.
 
     :mod:`prefill_tuner.study.screening`."""
+    judge_windows: tuple[str, ...] = ()
+    """Also judge each trial on this window of the trace: busiest:SECONDS (the busiest stretch
+    of that length) or START..END seconds (repeatable); a trial meets the SLOs only if it meets
+    them on the whole trace and on every window.
+
+    :mod:`prefill_tuner.study.windows`."""
+    headroom: float | None = None
+    """Required load margin: recommend only a setting that still meets the SLOs at this
+    multiple of the trace's request rate (1.2 = 20% more load), checked on the simulator.
+
+    ``None``: no margin is required (the recommendation still prefers a setting that carries
+    1.25× and meets the SLOs with its budget and max_num_seqs moved a step;
+    :mod:`prefill_tuner.study.headroom`)."""
+    headroom_check: Literal["sim", "engine", "off"] = "sim"
+    """Where the headroom checks of the best settings run: sim (the simulator, or a real
+    server's calibrated stand-in), engine (the study's own engine: server starts, minutes
+    each) or off.
+
+    :mod:`prefill_tuner.study.headroom`."""
 
     def __post_init__(self) -> None:
         """An SLO naming a class that no request carries could never be judged: refused
-        before any trial, listing the classes the trace has."""
+        before any trial, listing the classes the trace has; so are a bad load margin, check
+        or window."""
+        if self.headroom is not None and not (
+            math.isfinite(self.headroom) and 1 < self.headroom <= MAX_HEADROOM
+        ):
+            raise TunerError(
+                f"`headroom` {self.headroom:g}: a load margin is a multiple of the trace's "
+                f"request rate above 1 and at most {MAX_HEADROOM:g} (1.2 = 20% more load)"
+            )
+        if self.headroom_check not in ("sim", "engine", "off"):
+            raise TunerError(
+                f"`headroom_check` {self.headroom_check!r}: expected sim, engine or off"
+            )
+        judge_windows(self.trace, self.judge_windows)  # each has requests
         wanted = [slo.traffic_class for slo in self.slos if slo.traffic_class is not None]
         if wanted:
             check_slo_classes(class_counts(self.trace), wanted)
@@ -202,6 +241,9 @@ def build_plan(
     rule_trials: bool = defaults.RULE_TRIALS,
     capacity_tolerance: float = defaults.CAPACITY_TOLERANCE,
     early_abort: bool = True,
+    judge_windows: tuple[str, ...] = (),
+    headroom: float | None = None,
+    headroom_check: str = "sim",
 ) -> StudyPlan:
     """Everything a study needs, checked before any trial: the SLOs, the space for this engine,
     and the trace shaped and clipped to the engine's context length. The keywords are the
@@ -248,4 +290,7 @@ def build_plan(
         rule_trials=rule_trials,
         capacity_tolerance=capacity_tolerance,
         early_abort=early_abort,
+        judge_windows=tuple(canonical(spec) for spec in judge_windows),
+        headroom=headroom,
+        headroom_check=headroom_check,  # type: ignore[arg-type]
     )

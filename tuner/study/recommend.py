@@ -18,7 +18,7 @@ room for the chats).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from prefill_tuner.storage.models import TrialRecord
 
@@ -85,11 +85,16 @@ def ratios(
     objectives: Sequence[str],
     directions: Sequence[str],
     reference: Mapping[str, float],
+    windowed: Collection[str] = (),
 ) -> dict[str, float]:
-    """Objective → its ratio to the bar (≤ 1 is at least as good as the bar)."""
+    """Objective → its ratio to the bar (≤ 1 is at least as good as the bar). For the
+    objectives in ``windowed`` (the SLO'd ones), the worst of the whole trace's value and
+    every judge window's (:mod:`prefill_tuner.study.windows`)."""
     result: dict[str, float] = {}
     for name, direction in zip(objectives, directions, strict=True):
         value, bar = trial.objectives.get(name), reference.get(name)
+        if name in windowed and value is not None and direction == "minimize":
+            value = max([value, *window_values(trial, name)])
         if value is None or bar is None or not math.isfinite(value):
             continue
         if direction == "minimize":
@@ -97,6 +102,13 @@ def ratios(
         else:
             result[name] = bar / value if value > 0 else math.inf
     return result
+
+
+def window_values(trial: TrialRecord, name: str) -> list[float]:
+    """What each judge window measured of objective ``name`` (finite values only)."""
+    windows = ((trial.metrics or {}).get("details") or {}).get("windows") or {}
+    values = [(own.get("objectives") or {}).get(name) for own in windows.values()]
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
 
 
 def recommend(
@@ -110,7 +122,7 @@ def recommend(
     reference = references(objectives, pareto, baseline, limits)
     return min(
         pareto,
-        key=lambda trial: rank_key(trial, objectives, directions, reference),
+        key=lambda trial: rank_key(trial, objectives, directions, reference, tuple(limits)),
         default=None,
     )
 
@@ -120,9 +132,10 @@ def rank_key(
     objectives: Sequence[str],
     directions: Sequence[str],
     reference: Mapping[str, float],
+    windowed: Collection[str] = (),
 ) -> tuple[float, ...]:
     """:data:`RULE`'s order: the worst ratio first, then the next worst, then the earlier
     trial (smaller is better)."""
-    values = ratios(trial, objectives, directions, reference).values()
+    values = ratios(trial, objectives, directions, reference, windowed).values()
     worst_first = sorted((round(v, PRECISION) for v in values), reverse=True)
     return (*worst_first, trial.trial_number)

@@ -31,11 +31,12 @@ from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.rules import effective_settings
 from prefill_tuner.search_spaces.space import baseline_outside_note
 from prefill_tuner.storage.batched import BatchedStorage, write_now
-from prefill_tuner.storage.models import StudyRecord
+from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TrialRow, TunerStore
 from prefill_tuner.study.evaluation import capacity_search, objective_value, verdict_of
 from prefill_tuner.study.first_trials import rule_trials
 from prefill_tuner.study.plan import StudyPlan
+from prefill_tuner.study.windows import judge_windows
 
 PESSIMISTIC_SECONDS = 3600.0
 """Objective value for a failed trial when no trial has succeeded yet."""
@@ -59,6 +60,9 @@ class TrialResult:
     """Where a real trial's time went (``resolve``, ``start-up``, ``replay``, ``teardown``)."""
     wall_s: float = 0.0
     """How long the trial took, end to end (engine, scoring, storing)."""
+    same_as: int | None = None
+    """The earlier trial whose settings it has (after the repair, in their canonical form):
+    its result was reused, the engine did not run."""
 
 
 @dataclass
@@ -282,6 +286,11 @@ def definition_changes(record: StudyRecord, plan: StudyPlan, engine: str) -> lis
     ]  # fmt: skip
     if stored_ranges is not None:  # recorded since workers exist
         checks.append(("search space", "`ranges`", stored_ranges, given_ranges, searched, given))
+    stored_windows = ((record.definition or {}).get("options") or {}).get("judge_windows", [])
+    checks.append(
+        ("judge windows", "`judge_windows`", list(stored_windows), list(plan.judge_windows),
+         None, None)
+    )  # fmt: skip
     stored_shaping, given_shaping = record.shaping, plan.shaping.model_dump()
     for option in sorted(set(stored_shaping) | set(given_shaping)):
         # The context length clips the trace as the engine's settings say (`fixed`); every
@@ -339,9 +348,12 @@ def enqueue_baseline(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) 
 
 def enqueue_rule_trials(study: optuna.Study, plan: StudyPlan, engine: TrialEngine) -> None:
     """Queue the rule-derived first trials (:mod:`prefill_tuner.study.first_trials`) after the
-    baseline, each marked with its rule; nothing when ``plan.rule_trials`` is off, or in a
-    screened study (the simulator's Pareto-optimal candidates run after the baseline there)."""
-    if not plan.rule_trials or plan.screen_trials:
+    baseline, each marked with its rule; nothing when ``plan.rule_trials`` is off, under the
+    random sampler (a random search is the reference the rules and TPE are measured against,
+    so it runs only the engine's defaults, the reference of every ratio, before its random
+    points), or in a screened study (the simulator's Pareto-optimal candidates run after the
+    baseline there)."""
+    if not plan.rule_trials or plan.sampler == "random" or plan.screen_trials:
         return
     defaults = engine.default_settings()
     rules = rule_trials(plan, defaults, engine.max_model_len(dict(plan.space.fixed)))
@@ -445,6 +457,12 @@ class TrialObjective:
         """What the simulator predicts for a trial's settings (screened studies), stored
         beside what the trial measures."""
         self.max_model_len = engine.max_model_len(dict(plan.space.fixed))
+        self.windows = (
+            judge_windows(plan.trace, plan.judge_windows)
+            if plan.objective_mode == "latency"
+            else []
+        )
+        """The windows each trial is also judged on (:mod:`prefill_tuner.study.windows`)."""
         # Worst objective values seen, for pessimistic values of failed trials.
         self.worst: list[float | None] = [None] * len(plan.objectives)
         for trial in finished:
@@ -471,9 +489,11 @@ class TrialObjective:
         settings, repairs = effective_settings(sampled, plan.space.fixed, self.max_model_len)
         if outside:
             repairs.insert(0, baseline_outside_note(outside))
-        write_now(
-            trial.study
-        )  # its settings and runner, stored before it runs: a crash reruns them
+        same = None if trial.user_attrs.get("baseline") else self._same_as(trial, settings)
+        if same is not None:
+            return self._reuse(trial, same, settings, repairs, started_at, started)
+        # Its settings and runner, stored before it runs: a crash reruns them.
+        write_now(trial.study)
         label = f"{plan.name}-trial-{trial.number:04d}"
         if plan.objective_mode == "capacity":
             run, verdict, multiplier = capacity_search(
@@ -498,6 +518,9 @@ class TrialObjective:
             )
             verdict = verdict_of(run, plan.slos, plan.error_budget)
             values = [objective_value(run, o.name) for o in plan.objectives]
+            if self.windows and run.metrics is not None:
+                verdict, judged = self._judge_windows(settings, label, verdict)
+                run.details = {**run.details, "windows": judged}
         values = self._pessimistic(values, failed=bool(run.failure) or run.metrics is None)
         self._note_values(values)
         for name, value in verdict.constraints.items():
@@ -562,6 +585,108 @@ class TrialObjective:
             )
         )
         return values
+
+    def _same_as(self, trial: optuna.Trial, settings: dict[str, Any]) -> TrialRecord | None:
+        """The earliest stored trial that ran to completion with exactly these settings (in
+        their canonical form two settings that schedule alike are equal) on this engine
+        version, if any."""
+        return next(
+            (
+                row
+                for row in self.store.trials(self.record)
+                if row.status == "complete"
+                and row.trial_number != trial.number
+                and row.engine_version.version == self.engine.version
+                and _plain(row.settings) == _plain(settings)
+            ),
+            None,
+        )
+
+    def _reuse(
+        self,
+        trial: optuna.Trial,
+        same: TrialRecord,
+        settings: dict[str, Any],
+        repairs: list[str],
+        started_at: datetime,
+        started: float,
+    ) -> list[float]:
+        """Complete a trial with the result of an earlier one with the same settings: the
+        engine would schedule them identically, so it does not run again (Optuna still sees
+        the point, so the sampler learns it is known). Recorded, marked with ``same_as``."""
+        values = [float(same.objectives[o.name]) for o in self.plan.objectives]
+        for name, value in same.constraints.items():
+            trial.set_constraint(name, value)
+        trial.set_user_attr("feasible", same.feasible)
+        trial.set_user_attr("settings", settings)
+        trial.set_user_attr("serve_command", same.serve_command)
+        trial.set_user_attr("same_as", same.trial_number)
+        note = f"the same settings as trial {same.trial_number}: its result is reused, not rerun"
+        wall_s = time.perf_counter() - started
+        self.store.add_trial(
+            self.record,
+            self.engine.name,
+            same.engine_version.version,
+            TrialRow(
+                trial_number=trial.number,
+                params=dict(trial.params),
+                settings=settings,
+                repairs=[*repairs, note],
+                serve_command=same.serve_command,
+                resolved_config=same.resolved_config,
+                trace_sha256=self.record.trace_sha256,
+                shaping=self.plan.shaping.model_dump(),
+                metrics=same.metrics,
+                objectives=dict(same.objectives),
+                constraints=dict(same.constraints),
+                slacks=dict(same.slacks),
+                feasible=same.feasible,
+                status="complete",
+                started_at=started_at,
+                wall_s=wall_s,
+            ),
+        )
+        self.progress.on_trial(
+            TrialResult(
+                trial.number,
+                settings,
+                values,
+                Verdict(dict(same.constraints), dict(same.slacks)),
+                None,
+                False,
+                wall_s=wall_s,
+                same_as=same.trial_number,
+            )
+        )
+        return values
+
+    def _judge_windows(
+        self, settings: dict[str, Any], label: str, verdict: Verdict
+    ) -> tuple[Verdict, dict[str, Any]]:
+        """The trial's verdict with every judge window's constraints and slacks joined as
+        ``NAME@WINDOW``, and what each window measured (for the trial's details)."""
+        plan = self.plan
+        constraints, slacks = dict(verdict.constraints), dict(verdict.slacks)
+        judged: dict[str, Any] = {}
+        for window in self.windows:
+            run = self.engine.run(
+                window.trace,
+                settings,
+                plan.abort_rule,
+                label=f"{label}-{window.spec.replace(':', '-')}",
+                max_concurrency=plan.shaping.max_concurrency,
+            )
+            own = verdict_of(run, plan.slos, plan.error_budget)
+            constraints.update({f"{k}@{window.spec}": v for k, v in own.constraints.items()})
+            slacks.update({f"{k}@{window.spec}": v for k, v in own.slacks.items()})
+            judged[window.spec] = {
+                "start_s": window.start_s,
+                "requests": len(window.trace),
+                "feasible": own.feasible,
+                "objectives": {o.name: objective_value(run, o.name) for o in plan.objectives},
+                "failure": run.failure,
+            }
+        return Verdict(constraints=constraints, slacks=slacks), judged
 
     def _note_values(self, values: list[float] | None) -> None:
         if not values:

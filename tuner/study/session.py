@@ -18,13 +18,17 @@ from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 
+import optuna
+
 from prefill_tuner.diagnosis.runs import trial_findings
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.output.html import write_report
 from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.headroom import check_headroom, rule_key
 from prefill_tuner.study.infeasibility import latency_floor, rate_headroom
 from prefill_tuner.study.plan import StudyPlan
+from prefill_tuner.study.recommend import references
 from prefill_tuner.study.run import StudyProgress, open_study, run_study, running
 from prefill_tuner.study.screening import give_profile, run_screened_study, stand_in
 from prefill_tuner.study.summary import StudySummary, summarize_stored
@@ -94,8 +98,16 @@ class TuningSession:
             return True
         return False
 
-    def summary(self) -> StudySummary:
-        return summarize_stored(self.store, self.plan.name)
+    def summary(self, headroom: Say | None = None) -> StudySummary:
+        """What the study found; with ``headroom`` (a sayer), after checking the best settings'
+        headroom (:meth:`check_headroom`)."""
+        summary = summarize_stored(self.store, self.plan.name)
+        return summary if headroom is None else self.check_headroom(summary, headroom)
+
+    def check_headroom(self, summary: StudySummary, say: Say = lambda text: None) -> StudySummary:
+        """Check the best settings' load headroom and neighbours and return the summary with
+        the recommendation they lead to (:func:`checked_summary`)."""
+        return checked_summary(self.plan, self.engine, self.store, self.study, summary, say)
 
     def why_infeasible(self, summary: StudySummary, say: Say) -> None:
         """When nothing met the SLOs of a latency study: whether any setting could at this
@@ -159,6 +171,57 @@ class TuningSession:
         return write_report(self.store, self.plan.name, path)
 
 
+def checked_summary(
+    plan: StudyPlan,
+    engine: TrialEngine,
+    store: TunerStore,
+    study: optuna.Study,
+    summary: StudySummary,
+    say: Say = lambda text: None,
+) -> StudySummary:
+    """Check the best settings' load headroom and neighbours
+    (:mod:`prefill_tuner.study.headroom`), keep the checks with the study, and return the
+    summary with the recommendation they lead to. Nothing to do for a capacity study (its
+    objective is the load it carries), when nothing met the SLOs, with ``headroom_check``
+    off, or when the stored checks are of the study as it is."""
+    if plan.headroom_check == "off" or plan.objective_mode != "latency" or not summary.pareto:
+        return summary
+    stored = summary.headroom
+    if stored is not None and stored.margin == plan.headroom:
+        return summary
+    checker, where = headroom_engine(plan, engine, store, study)
+    if checker is None:
+        say(
+            "headroom not checked: a real server's checks run on its simulated stand-in; "
+            "calibrate the simulator to it (tune calibrate) and give the profile with "
+            "`profile`, or check on the server itself with `headroom_check` engine"
+        )
+        return summary
+    limits = {slo.name: slo.limit_s for slo in plan.slos}
+    reference = references(summary.objectives, summary.pareto, summary.baseline, limits)
+    key = rule_key(summary.objectives, summary.directions, reference, tuple(limits))
+    report = check_headroom(
+        plan, checker, summary.pareto, key, checked_on=where, finished=summary.finished, say=say
+    )
+    store.record_headroom(summary.study, report.as_dict() if report else None)
+    return summarize_stored(store, summary.study.name)
+
+
+def headroom_engine(
+    plan: StudyPlan, engine: TrialEngine, store: TunerStore, study: optuna.Study
+) -> tuple[TrialEngine | None, str]:
+    """Where the headroom checks run, and how outputs name it: the simulator itself, a real
+    server's stand-in, or with ``headroom_check`` engine the study's own engine."""
+    if plan.headroom_check == "engine" or engine.profile is not None:
+        profile = engine.profile
+        return engine, f"the simulator, profile {profile.name}" if profile else engine.name
+    explainer = stand_in(store, study)
+    if explainer is None or explainer.profile is None:
+        return None, ""
+    words = profile_words(explainer.profile)
+    return explainer, f"the simulator standing in for the server, {words}"
+
+
 def profile_words(profile: StepModel) -> str:
     """A profile's name and how far to trust it: estimated, or calibrated and how close."""
     provenance = profile.provenance
@@ -183,7 +246,7 @@ def tune_study(
     with TuningSession(plan, engine, store, given_profile=given_profile) as session:
         if session.run(progress, say):
             raise KeyboardInterrupt
-        summary = session.summary()
+        summary = session.summary(say)
         session.why_infeasible(summary, say)
         if report is not None and summary.finished:
             session.write_report(report)

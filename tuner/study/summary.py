@@ -18,11 +18,13 @@ import optuna
 
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import read_input
-from prefill_tuner.objectives.slo import parse_slos
+from prefill_tuner.objectives.slo import format_seconds, parse_slos
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import command_yaml
+from prefill_tuner.storage.batched import optuna_storage
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
+from prefill_tuner.study.headroom import HEADROOM_RULE, HeadroomReport
 from prefill_tuner.study.plan import SCREEN_SUFFIX, check_study_name
 from prefill_tuner.study.recommend import RULE, recommend
 from prefill_tuner.trace import ShapeOptions, load_trace
@@ -51,6 +53,16 @@ class StudySummary:
     """Screened studies: objective → median |predicted / measured − 1| over the real trials
     the simulator predicted."""
     predicted_trials: int = 0
+    headroom: HeadroomReport | None = None
+    """The headroom checks of the best settings (:mod:`prefill_tuner.study.headroom`), when
+    they ran on the study as it is (none since: a trial finished after them makes them stale);
+    the recommendation is then theirs."""
+
+    @property
+    def margin_met(self) -> bool:
+        """Whether the recommendation carries the required load margin (``headroom``; true
+        when none is required or it was not checked)."""
+        return self.headroom is None or self.headroom.margin_met
 
     @property
     def closest_measured(self) -> TrialRecord | None:
@@ -75,6 +87,9 @@ def summarize_study(
     directions = [d.name.lower() for d in study.directions]
     limits = {slo.name: slo.limit_s for slo in parse_slos(list(record.slos))}
     recommended = recommend(pareto, baseline, objectives, directions, limits)
+    headroom = stored_headroom(record, len(trials), pareto)
+    if headroom is not None:
+        recommended = next(t for t in pareto if t.trial_number == headroom.recommended)
     closest: list[TrialRecord] = []
     if not pareto:
         # Failed trials last: their numbers are penalties, not measurements.
@@ -98,11 +113,32 @@ def summarize_study(
         knobs=tuple(
             knob
             for knob in KNOBS
-            if any(knob in t.params or f"{knob}_log2" in t.params for t in trials)
+            if any(
+                knob in t.params or f"{knob}_log2" in t.params or f"{knob}_halvings" in t.params
+                for t in trials
+            )
         ),
         prediction_error={name: float(np.median(values)) for name, values in errors.items()},
         predicted_trials=max((len(values) for values in errors.values()), default=0),
+        headroom=headroom,
     )
+
+
+def stored_headroom(
+    record: StudyRecord, finished: int, pareto: Sequence[TrialRecord]
+) -> HeadroomReport | None:
+    """The study's stored headroom checks, if they are of the study as it is: the same
+    number of finished trials, and their recommendation on the front."""
+    data = record.headroom
+    if not data or data.get("finished") != finished:
+        return None
+    try:
+        report = HeadroomReport.from_dict(data)
+    except (KeyError, TypeError, ValueError):
+        return None  # written by another version: as if never checked
+    if all(t.trial_number != report.recommended for t in pareto):
+        return None
+    return report
 
 
 def predicted(trial: TrialRecord) -> dict[str, float]:
@@ -174,7 +210,7 @@ def summarize_stored(store: TunerStore, name: str) -> StudySummary:
     record = store.get_study(name)
     if record is None:
         raise TunerError(f"`name` {name}: no such study in {redact_url(store.url)}")
-    study = optuna.load_study(study_name=name, storage=store.url)
+    study = optuna.load_study(study_name=name, storage=optuna_storage(store.url))
     return summarize_study(study, record, store.trials(record))
 
 
@@ -238,6 +274,7 @@ def export(summary: StudySummary, model: str, fmt: str) -> str:
             "#!/bin/sh",
             f"# study {summary.study.name}: recommended ({RULE})",
             ordered[0].serve_command,
+            *(f"# {line}" for line in headroom_lines(summary)),
         ]
         for trial in ordered[1:]:
             lines.append(f"# alternative on the Pareto front (trial {trial.trial_number}):")
@@ -246,3 +283,37 @@ def export(summary: StudySummary, model: str, fmt: str) -> str:
     if fmt == "yaml":  # the stored line: the user's own arguments and the repaired settings
         return command_yaml(ordered[0].serve_command)
     raise ValueError(f"no such export format: {fmt}")
+
+
+NOT_CHECKED = (
+    "headroom: not checked (the checks are off, the study is a capacity study, or trials "
+    "finished since they ran: run `tune run` again, with the same options, to check)"
+)
+
+
+def headroom_lines(summary: StudySummary) -> list[str]:
+    """What the headroom checks found for the recommendation, and the rule that used them
+    (:mod:`prefill_tuner.study.headroom`); a line saying they did not run otherwise."""
+    if summary.recommended is None:
+        return []
+    if summary.headroom is None:
+        return [NOT_CHECKED]
+    return [*summary.headroom.lines(), f"(headroom rule: {HEADROOM_RULE})"]
+
+
+def window_lines(trial: TrialRecord) -> list[str]:
+    """How a trial did on each judge window (:mod:`prefill_tuner.study.windows`)."""
+    windows = ((trial.metrics or {}).get("details") or {}).get("windows") or {}
+    lines = []
+    for spec, own in windows.items():
+        shown = ", ".join(
+            f"{name} {format_seconds(value)}"
+            for name, value in (own.get("objectives") or {}).items()
+            if value is not None and math.isfinite(value)
+        )
+        verdict = "meets the SLOs" if own.get("feasible") else "misses the SLOs"
+        lines.append(
+            f"on window {spec} ({own.get('requests')} requests from {own.get('start_s', 0):g} "
+            f"s): {verdict}; {shown}"
+        )
+    return lines

@@ -200,3 +200,20 @@ def head(trace: Trace, max_requests: int) -> Trace:
         "dropped", f"beyond the first {max_requests} requests", len(trace) - len(kept)
     )
     return trace.with_requests(kept, note)
+
+
+def busiest_window(trace: Trace, duration_s: float) -> tuple[float, Trace]:
+    """The ``duration_s`` seconds of ``trace`` with the most work arriving (prompt plus output
+    tokens of the requests arriving in it; a window starts at an arrival), re-based to start
+    at 0, and where it starts. The whole trace when it is no longer than that."""
+    arrivals = np.fromiter((r.arrival_s for r in trace.requests), dtype=float)
+    work = np.fromiter((r.prompt_tokens + r.output_tokens for r in trace.requests), dtype=float)
+    if not arrivals.size or arrivals[-1] - arrivals[0] < duration_s:
+        return 0.0, trace
+    order = np.argsort(arrivals, kind="stable")
+    arrivals, work = arrivals[order], work[order]
+    done = np.concatenate(([0.0], np.cumsum(work)))
+    ends = np.searchsorted(arrivals, arrivals + duration_s, side="left")
+    totals = done[ends] - done[np.arange(arrivals.size)]
+    start = float(arrivals[int(np.argmax(totals))])
+    return start, window(trace, start, duration_s)

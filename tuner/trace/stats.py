@@ -84,3 +84,20 @@ def trace_stats(trace: Trace) -> TraceStats:
         prefix_reuse=reused / total_blocks if total_blocks else None,
         classes=class_counts(trace),
     )
+
+
+def peak_in_flight(trace: Trace, seconds_per_output_token: float) -> int:
+    """The most requests in flight at once if each, from its arrival, streamed its output at
+    ``seconds_per_output_token`` (a TPOT limit) and took no other time: the decode batch of
+    the trace's busiest moment, a burst's. A server meeting that TPOT limit that admits fewer
+    requests at once keeps the rest of a burst waiting for a slot (0 for an empty trace)."""
+    if not trace.requests:
+        return 0
+    arrivals = np.fromiter((r.arrival_s for r in trace.requests), dtype=float)
+    outputs = np.fromiter((max(r.output_tokens, 1) for r in trace.requests), dtype=float)
+    order = np.argsort(arrivals, kind="stable")
+    starts = arrivals[order]
+    ends = np.sort(starts + outputs[order] * seconds_per_output_token)
+    # In flight at the i-th arrival: the i + 1 arrived so far, less those already done.
+    done = np.searchsorted(ends, starts, side="right")
+    return int((np.arange(1, len(starts) + 1) - done).max())

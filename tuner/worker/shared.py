@@ -13,6 +13,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
+from prefill_tuner.storage.batched import optuna_storage
 from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.study.plan import StudyPlan
@@ -55,7 +56,7 @@ def open_shared_study(
     RUNNING trial without one for ``grace_period`` seconds is failed and queued again."""
     try:
         with quiet_optuna_warnings():
-            storage = RDBStorage(
+            storage = optuna_storage(
                 plan.storage_url,
                 heartbeat_interval=heartbeat_interval,
                 grace_period=grace_period,

@@ -137,7 +137,7 @@ class VllmEngine:
     def validate_fixed(self, fixed: dict[str, Any]) -> dict[str, Any]:
         for name in fixed:
             flag = "--" + flag_name(name)
-            if flag not in self.capabilities.accepted_flags:  # type: ignore[operator]
+            if flag not in (self.capabilities.accepted_flags or ()):
                 raise TunerError(
                     f"`fixed` {name}: vLLM {self.capabilities.version} has no {flag} flag"
                 )

@@ -85,6 +85,10 @@ class ConstantProfile(BaseModel):
         """Durations of ``steps`` consecutive plain decode steps."""
         return np.full(steps, self.step_ms / 1000.0)
 
+    def decode_steps_seconds(self, requests: int, first_context: int, steps: int) -> list[float]:
+        """:meth:`decode_run_seconds` without numpy (cheaper for a few steps)."""
+        return [self.step_ms / 1000.0] * steps
+
     def prefill_work_seconds(self, tokens: int, pairs: int) -> float:
         """A lower bound of the device time any schedule spends prefilling ``tokens`` tokens
         with ``pairs`` query-key pairs, additive over requests and chunks: none here (a step
@@ -215,6 +219,23 @@ class FittedProfile(BaseModel):
             + self.host_request_ms * requests
         )
         return (fixed + self.decode_context_ms * context + 0.0) / 1000.0
+
+    def decode_steps_seconds(self, requests: int, first_context: int, steps: int) -> list[float]:
+        """:meth:`decode_run_seconds` without numpy (cheaper for a few steps): the same
+        floats, as :meth:`step_seconds` computes them."""
+        fixed = (
+            self.base_ms
+            + self.decode_ms * requests
+            + self.decode_squared_ms * requests**2
+            + self.request_ms * requests
+            + self.host_ms
+            + self.host_request_ms * requests
+        )
+        slope = self.decode_context_ms
+        return [
+            (fixed + slope * (first_context + requests * step) + 0.0) / 1000.0
+            for step in range(steps)
+        ]
 
 
 StepModel = ConstantProfile | FittedProfile | KernelProfile

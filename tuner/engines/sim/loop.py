@@ -33,7 +33,7 @@ import numpy as np
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel, StepShape, shape_of
 from prefill_tuner.engines.sim.request import SimRequest, Status, request_templates
-from prefill_tuner.engines.sim.scheduler import Scheduler, StepPlan
+from prefill_tuner.engines.sim.scheduler import Scheduler, SteadyRun, StepPlan
 from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics, summarize_run
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.version import __version__
@@ -280,11 +280,15 @@ class ClosedLoop:
         self.fill(at)
 
 
-MIN_DECODE_RUN = 4
-"""Shorter runs of plain decode steps are cheaper to schedule one by one."""
+MIN_RUN = 2
+"""Shorter runs of steps of fixed composition are scheduled one by one."""
+
+SCALAR_STEPS = 16
+"""A plain decode run's first steps are timed without numpy (whose fixed cost per call is
+that of many steps); the rest a growing chunk at a time."""
 
 DURATION_CHUNK = 32
-"""Decode-step durations computed at once first (then 4× as many each time)."""
+"""Decode-step durations computed at once after those (then 4× as many each time)."""
 
 
 @dataclass(slots=True)
@@ -422,7 +426,7 @@ class _Loop:
                 clock = arrival
                 self.idle = True
                 continue
-            if self.fast_forward and (run := self._sync_decode_run(clock, arrival)) is not None:
+            if self.fast_forward and (run := self._sync_steady_run(clock, arrival)) is not None:
                 clock = run
                 continue
             plan = self._schedule()
@@ -461,7 +465,7 @@ class _Loop:
             self._admit_arrivals(host)
             if scheduler.has_work():
                 if self.fast_forward and len(queue) == 1 and queue[0].plan.scheduled:
-                    run = self._async_decode_run(queue, host)
+                    run = self._async_steady_run(queue, host)
                     if run is not None:
                         host, device_free = run
                         continue
@@ -507,68 +511,116 @@ class _Loop:
             if finished and self.on_finish is not None:
                 self.on_finish(finished, step.end)
 
-    def _decode_durations(self, limit: int) -> Iterator[int]:
-        """Total (device and host) time, in ticks, of each of the next ``limit`` plain decode
-        steps, computed a growing chunk at a time: most runs end at an arrival long before
-        ``limit``."""
-        running = self.scheduler.running
-        count = len(running)
-        context = sum(r.num_computed + 1 for r in running)
-        done, chunk = 0, DURATION_CHUNK
-        while done < limit:
-            size = min(chunk, limit - done)
+    def _run_durations(self, run: SteadyRun) -> Iterator[tuple[int, int]]:
+        """Each step of ``run``: its total (device and host) time in ticks, as stepping would
+        compute it (the same floats), and the requests it schedules."""
+        if not run.chunks:
+            return self._decode_durations(run)
+        return self._chunk_durations(run)
+
+    def _decode_durations(self, run: SteadyRun) -> Iterator[tuple[int, int]]:
+        """A plain decode run's steps: a stretch at a time between finishes (the batch shrinks
+        by the requests whose last step has passed)."""
+        count = len(run.decodes)
+        context = sum(r.num_computed + 1 for r in run.decodes)
+        leaving: dict[int, list[int]] = {}
+        """Step → the requests first not scheduled in it: how many, their contexts' sum."""
+        for request, last in zip(run.decodes, run.lasts, strict=True):
+            if last < run.steps:
+                gone = leaving.setdefault(last, [0, 0])
+                gone[0] += 1
+                gone[1] += request.num_computed + 1
+        start = 0
+        for stop in [*sorted(leaving), run.steps]:
+            if stop > start:
+                for ticks in self._decode_stretch(count, context + count * start, stop - start):
+                    yield ticks, count
+            if stop in leaving:
+                count -= leaving[stop][0]
+                context -= leaving[stop][1]
+            start = stop
+
+    def _decode_stretch(self, count: int, context: int, steps: int) -> Iterator[int]:
+        """``steps`` plain decode steps of ``count`` requests whose contexts sum to ``context``
+        in the first: the first :data:`SCALAR_STEPS` timed without numpy, then a growing chunk
+        at a time by the profile's ``decode_run_seconds`` (most runs end at an arrival long
+        before ``steps``)."""
+        done = min(SCALAR_STEPS, steps)
+        for one in self.profile.decode_steps_seconds(count, context, done):
+            yield _ns(one)
+        chunk = DURATION_CHUNK
+        while done < steps:
+            size = min(chunk, steps - done)
             seconds = self.profile.decode_run_seconds(count, context + count * done, size)
             yield from np.rint(seconds * NS).astype(np.int64).tolist()
             done, chunk = done + size, chunk * 4
 
-    def _sync_decode_run(self, clock: int, arrival: int | None) -> int | None:
-        """Apply the plain decode steps that start now, up to the next arrival, in one go;
-        returns the clock after them, or ``None`` when fewer than :data:`MIN_DECODE_RUN`."""
+    def _chunk_durations(self, run: SteadyRun) -> Iterator[tuple[int, int]]:
+        """The steps of a run with prefill chunks, shaped as :func:`_shape` shapes them
+        (each in time linear in the chunks, not the requests)."""
+        count = len(run.decodes)
+        context = sum(r.num_computed + 1 for r in run.decodes)
+        requests = len(run.order)
+        step_seconds = self.profile.step_seconds
+        for step in range(run.steps):
+            shape = _shape_with_chunks(
+                count,
+                requests,
+                context + count * step,
+                [(r.num_computed + chunk * step, chunk) for r, chunk in run.chunks],
+            )
+            yield _ns(step_seconds(shape)), requests
+
+    def _sync_steady_run(self, clock: int, arrival: int | None) -> int | None:
+        """Apply the steps of fixed composition that start now (:meth:`Scheduler.steady_run`),
+        up to the next arrival, in one go; returns the clock after them, or ``None`` when
+        fewer than :data:`MIN_RUN`."""
         scheduler = self.scheduler
-        limit = scheduler.decode_run_limit()
-        if limit < MIN_DECODE_RUN:
+        run = scheduler.steady_run(past_finishes=self.on_finish is None)
+        if run is None or run.steps < MIN_RUN:
             return None
         starts: list[int] = []
         ends: list[int] = []
         start = clock
-        for duration in self._decode_durations(limit):
+        for duration, _ in self._run_durations(run):
             if arrival is not None and start >= arrival:
                 break  # a step starting at or after the next arrival would admit it
             starts.append(start)
             start += duration
             ends.append(start)
         steps = len(starts)
-        if steps < MIN_DECODE_RUN:
+        if steps < MIN_RUN:
             return None
-        ids = [r.id for r in scheduler.running] if self.on_step is not None else []
-        used, finished = scheduler.apply_decode_run(steps, [end / NS for end in ends])
-        self.peak_blocks = max(self.peak_blocks, used[-1])
-        self._emit_run(ids, starts, ends, used, finished)
+        records = _RunRecords(run, steps) if self.on_step is not None else None
+        used, finished = scheduler.apply_steady_run(run, steps, [end / NS for end in ends])
+        self.peak_blocks = max(self.peak_blocks, *used)
+        self._emit_run(records, starts, ends, used)
         self.busy += ends[-1] - starts[0]  # back to back
         if finished and self.on_finish is not None:
-            self.on_finish(finished, ends[-1])
+            self.on_finish(finished, ends[-1])  # (at the last step: the run ends with them)
         return ends[-1]
 
-    def _async_decode_run(self, queue: deque[_InFlight], host: int) -> tuple[int, int] | None:
-        """The async counterpart: with one step in flight (every running request's next
-        token), schedule the plain decode steps that follow, applying each step's
-        predecessor as the engine core would. Returns the host clock and the device's free
-        time after them, or ``None`` when fewer than :data:`MIN_DECODE_RUN`."""
+    def _async_steady_run(self, queue: deque[_InFlight], host: int) -> tuple[int, int] | None:
+        """The async counterpart: with one step in flight (every decoding request's next
+        token, and the prefill's chunk before), schedule the steps of fixed composition that
+        follow, applying each step's predecessor as the engine core would. Returns the host
+        clock and the device's free time after them, or ``None`` when fewer than
+        :data:`MIN_RUN`."""
         scheduler, profile = self.scheduler, self.profile
-        limit = scheduler.decode_run_limit()
-        if limit < MIN_DECODE_RUN:
+        run = scheduler.steady_run(past_finishes=self.on_finish is None)
+        if run is None or run.steps < MIN_RUN:
             return None
-        count = len(scheduler.running)
-        host_part = _ns(profile.host_seconds(count))
-        totals = self._decode_durations(limit)
         arrival = self._upcoming()
         previous = queue[0]
         previous_end = device_free = previous.end
         starts: list[int] = []
         ends: list[int] = []
-        for total in totals:
+        counted, host_part = -1, 0
+        for total, count in self._run_durations(run):
             if starts and arrival is not None and arrival <= host:
                 break  # this step's schedule() would see the arrival
+            if count != counted:
+                counted, host_part = count, _ns(profile.host_seconds(count))
             launch = host + host_part
             start = max(device_free, launch)
             device_free = start + total - host_part
@@ -577,64 +629,105 @@ class _Loop:
             host = max(launch, previous_end)  # waits for, then applies, the step before
             previous_end = device_free
         steps = len(starts)
-        if steps < MIN_DECODE_RUN:
+        if steps < MIN_RUN:
             return None
         queue.popleft()
         self.busy += sum(ends) - sum(starts)
-        ids = [r.id for r in scheduler.running] if self.on_step is not None else []
+        records = _RunRecords(run, steps)
+        self._emit(previous, [])  # (nobody's last token was in it)
         arrived = [previous.end, *ends[:-1]]
-        used, _ = scheduler.apply_decode_run(steps, [end / NS for end in arrived])
-        self.peak_blocks = max(self.peak_blocks, used[-1])
-        self._emit(previous, [])
-        self._emit_run(ids, starts[:-1], ends[:-1], used[:-1], [])
-        last = StepPlan(scheduled=[(r, 1) for r in scheduler.running], samples=[True] * count)
-        queue.append(
-            _InFlight(
-                self.step_index,
-                last,
-                StepShape(decode_tokens=count, requests=count),
-                starts[-1],
-                ends[-1],
-                used[-1],
-            )
-        )
+        chunks = [(r.num_computed + chunk * (steps - 1), chunk) for r, chunk in run.chunks]
+        used, _ = scheduler.apply_steady_run(run, steps, [end / NS for end in arrived])
+        self.peak_blocks = max(self.peak_blocks, *used)
+        self._emit_run(records, starts[:-1], ends[:-1], used[:-1])
+        last = records.plan(steps - 1)
+        decodes = len(last.scheduled) - len(chunks)
+        # (What its record says of it; its time is known.)
+        shape = _shape_with_chunks(decodes, len(last.scheduled), 0, chunks)
+        queue.append(_InFlight(self.step_index, last, shape, starts[-1], ends[-1], used[-1]))
         self.step_index += 1
         return host, device_free
 
     def _emit_run(
-        self,
-        ids: list[str],
-        starts: list[int],
-        ends: list[int],
-        used: list[int],
-        finished: list[SimRequest],
+        self, records: _RunRecords | None, starts: list[int], ends: list[int], used: list[int]
     ) -> None:
         """The per-step records of a fast-forwarded run, as stepping would have produced
-        them (the last step's output finishes ``finished``)."""
+        them."""
         first = self.step_index
         self.step_index += len(starts)
-        if self.on_step is None:
+        if self.on_step is None or records is None:
             return
         waiting = len(self.scheduler.waiting)
-        last = len(starts) - 1
         for offset, (start, end, blocks) in enumerate(zip(starts, ends, used, strict=True)):
-            done = offset == last and finished
+            scheduled, finished = records.step(offset)
             self.on_step(
                 StepRecord(
                     index=first + offset,
                     start_s=start / NS,
                     duration_s=(end - start) / NS,
-                    scheduled=dict.fromkeys(ids, 1),
+                    scheduled={r.id: n for r, n in scheduled.items()},
                     admitted_cached_tokens={},
-                    prefill_tokens=0,
-                    decode_tokens=len(ids),
+                    prefill_tokens=records.run.prefill_tokens,
+                    decode_tokens=len(scheduled) - len(records.run.chunks),
                     preempted=(),
-                    finished=tuple(r.id for r in finished) if done else (),
-                    running_after=len(ids) - len(finished) if done else len(ids),
+                    finished=tuple(r.id for r in finished),
+                    running_after=len(scheduled) - len(finished),
                     waiting_after=waiting,
                     kv_blocks_in_use=blocks,
                 )
             )
+
+
+class _RunRecords:
+    """What each step of a fast-forwarded run schedules and finishes (taken before the run
+    is applied: the records are made after)."""
+
+    def __init__(self, run: SteadyRun, steps: int) -> None:
+        self.run = run
+        self.scheduled: dict[SimRequest, int] = dict(run.order)
+        self.prefilling = {id(request) for request, _ in run.chunks}
+        self.finishing: dict[int, list[SimRequest]] = {}
+        """Step → the requests whose last token it produces (in running order)."""
+        for request, last in zip(run.decodes, run.lasts, strict=True):
+            if last <= steps:
+                self.finishing.setdefault(last - 1, []).append(request)
+        self._at = 0
+
+    def step(self, index: int) -> tuple[dict[SimRequest, int], list[SimRequest]]:
+        """Step ``index``'s tokens per request and the requests it finishes; steps are asked
+        for in order."""
+        for gone in range(self._at, index):
+            for request in self.finishing.get(gone, ()):
+                del self.scheduled[request]
+        self._at = max(self._at, index)
+        return self.scheduled, self.finishing.get(index, [])
+
+    def plan(self, index: int) -> StepPlan:
+        """Step ``index`` (the last) as a plan, to be applied as any step in flight is."""
+        scheduled, _ = self.step(index)
+        samples = [id(request) not in self.prefilling for request in scheduled]
+        return StepPlan(scheduled=list(scheduled.items()), samples=samples)
+
+
+def _shape_with_chunks(
+    decodes: int, requests: int, decode_context: int, chunks: list[tuple[int, int]]
+) -> StepShape:
+    """A step's shape from its decodes (how many, their contexts' sum) and its prefill chunks
+    ``(tokens computed before, tokens)`` in scheduling order, as :func:`shape_of` makes it."""
+    prefill = prefill_context = pairs = 0
+    for before, tokens in chunks:
+        prefill += tokens
+        prefill_context += before + tokens
+        pairs += tokens * before + tokens * (tokens + 1) // 2
+    return StepShape(
+        prefill_tokens=prefill,
+        decode_tokens=decodes,
+        requests=requests,
+        decode_context_tokens=decode_context,
+        prefill_context_tokens=prefill_context,
+        prefill_attention_pairs=pairs,
+        prefill_chunks=tuple(chunks),
+    )
 
 
 def _ns(seconds: float) -> int:

@@ -36,6 +36,7 @@ the engine schedules step k+1 before step k's output is applied, so:
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -56,6 +57,46 @@ class StepPlan:
     preempted: list[SimRequest] = field(default_factory=list)
     admitted: dict[str, int] = field(default_factory=dict)
     """Requests admitted from the waiting queue → tokens already computed (prefix hit)."""
+
+
+Scheduled = tuple[SimRequest, int]
+"""A request and the tokens a step gives it."""
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyRun:
+    """Steps whose composition is fixed (:meth:`Scheduler.steady_run`): every one gives each
+    running request the same tokens, one to each of ``decodes``, ``chunks``' count of its
+    prompt to each prefilling request, none of which completes its prompt in the run."""
+
+    steps: int
+    """How many such steps are certain, starting now (later arrivals aside)."""
+    decodes: list[SimRequest]
+    """The decoding requests, in running order."""
+    lasts: list[int]
+    """Per decoding request, the steps of the run it is scheduled in (its last token's step
+    is the last of them; fewer than ``steps`` only in a run past finishes)."""
+    chunks: list[Scheduled]
+    """The prefilling requests, in running order, with the tokens each step gives them."""
+    order: list[Scheduled]
+    """Every running request with its tokens per step, in running (scheduling) order."""
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(chunk for _, chunk in self.chunks)
+
+
+def _chunk_steps(request: SimRequest, chunk: int, max_model_len: int) -> int:
+    """Steps in which ``request`` can take ``chunk`` tokens without completing its prompt
+    (nor reaching ``max_model_len - 1`` computed tokens, where ``schedule()`` caps it)."""
+    remaining = request.num_tokens - request.num_computed
+    return min((remaining - 1) // chunk, (max_model_len - 1 - request.num_computed) // chunk)
+
+
+def _prefill_blocks(request: SimRequest, chunk: int, steps: int, size: int) -> int:
+    """New KV blocks ``steps`` chunks of ``chunk`` tokens take for ``request``."""
+    need = -(-(request.num_computed + chunk * steps) // size)
+    return max(need - len(request.blocks), 0)
 
 
 class Scheduler:
@@ -198,59 +239,157 @@ class Scheduler:
                 samples.append(request.num_computed >= request.num_tokens)
         return plan
 
-    def decode_run_limit(self) -> int:
-        """How many steps, starting now, are certain to be plain decode steps.
+    def steady_run(self, past_finishes: bool = False) -> SteadyRun | None:
+        """The steps, starting now, whose composition is certain without scheduling them:
+        every running request scheduled, each decoding one token or prefilling a chunk of the
+        same size each step (``schedule()``'s chunk: the threshold, then the budget the
+        requests before it leave). ``None`` when there is no such step.
 
-        Such a step gives every running request one token and admits nobody, so its outcome is
-        known without scheduling it. That holds while: every running request is decoding and
-        they fit the budget; the waiting queue is empty, or its head cannot be admitted during
-        the run (free KV blocks only shrink while nobody finishes, and its prefix hit can only
-        shrink); nobody finishes before the last step (the run ends with the first finishing
-        step); and every block allocation fits in the free blocks (it ends before a preemption).
-        New arrivals are the caller's to bound.
+        That holds while: every running request fits the budget and no chunk is its prompt's
+        last (that one samples, and is smaller); the waiting queue is empty, or its head
+        cannot be admitted during the run (free KV blocks only shrink while nobody finishes,
+        its prefix hit can only shrink, and the budget left, the long-prefill threshold and
+        the running count stay as they are); nobody finishes before the last step (the run
+        ends with the first finishing step); and every block allocation fits in the free
+        blocks (it ends before a preemption). New arrivals are the caller's to bound.
+
+        ``past_finishes`` (the caller has no client to tell of a finish before the run ends):
+        a plain decode run with nobody waiting goes on past its finishes, the batch shrinking,
+        until the last request finishes (a finish changes nothing else then: nobody can be
+        admitted, and blocks freed only make allocations fit more easily).
         """
-        config, kv, running = self.config, self.kv, self.running
-        count = len(running)
-        if not count or count > config.max_num_batched_tokens:
-            return 0
-        steps = config.max_model_len
-        if config.async_scheduling:
-            # Each request has exactly its next token in flight (the step before the run),
-            # and that is not its last one.
-            for request in reversed(running):  # the newest is the likeliest to prefill
-                if request.placeholders != 1 or request.num_computed != request.num_tokens:
-                    return 0
-                steps = min(steps, request.max_tokens - request.num_output - 1)
-            if self.num_stale:
-                return 0  # a waiting request becomes resumable when its stale output lands
+        config, running = self.config, self.running
+        if not running or (config.async_scheduling and self.num_stale):
+            return None  # async: a waiting request becomes resumable when its stale output lands
+        composition = self._steady_composition()
+        if composition is None:
+            return None
+        steps, budget, decodes, lasts, chunks, order = composition
+        if self.waiting and not self._head_blocked(len(running), budget):
+            return None
+        first_finish = min(lasts, default=steps)
+        if first_finish <= 0:
+            return None
+        if past_finishes and not chunks and not self.waiting:
+            steps = max(lasts)
         else:
-            for request in reversed(running):
-                if request.num_computed != request.num_tokens - 1 or not request.num_output:
-                    return 0  # still prefilling (a last 1-token chunk is not a decode)
-                steps = min(steps, request.max_tokens - request.num_output)
-        if steps <= 0 or (self.waiting and not self._head_blocked(count)):
-            return 0
-        size = config.block_size
-        # Allocation steps: request i needs a block whenever its computed tokens reach the end
-        # of its last block. Stop before the first step whose allocations would not fit.
-        free = kv.num_free_blocks
-        first_needs = [len(r.blocks) * size - r.num_computed for r in running]
-        if sum(len(range(first, steps, size)) for first in first_needs) <= free:
+            steps = min(steps, first_finish)
+        steps = self._allocations_fit(decodes, lasts, chunks, steps)
+        if steps <= 0:
+            return None
+        return SteadyRun(steps, decodes, lasts, chunks, order)
+
+    def _steady_composition(
+        self,
+    ) -> tuple[int, int, list[SimRequest], list[int], list[Scheduled], list[Scheduled]] | None:
+        """What ``schedule()`` would give each running request, if it gives each one a decode
+        or a chunk that it can repeat: the steps the chunks allow, the budget left, the
+        decodes and their steps until their last token, the chunks, and everything in order."""
+        config = self.config
+        running = self.running
+        budget = config.max_num_batched_tokens
+        eligible = len(running) + len(self.waiting)
+        threshold = config.long_prefill_token_threshold if eligible > 1 else 0
+        if threshold > 0 and config.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, config.max_num_batched_tokens // eligible)
+        max_model_len = config.max_model_len
+        steps = max_model_len
+        decodes: list[SimRequest] = []
+        lasts: list[int] = []
+        chunks: list[Scheduled] = []
+        order: list[Scheduled] = []
+        if config.async_scheduling:
+            lag = 1  # its last token is in flight already when it is not scheduled again
+            for request in running:
+                if budget <= 0:
+                    return None
+                # Exactly its next token in flight (the step before), and no more.
+                if request.placeholders == 1 and request.num_computed == request.num_tokens:
+                    decodes.append(request)
+                    lasts.append(request.max_tokens - request.num_output - lag)
+                    order.append((request, 1))
+                    budget -= 1
+                    continue
+                if request.placeholders or request.stale:
+                    return None  # its prompt's last chunk is in flight
+                chunk = self._repeatable_chunk(request, threshold, budget)
+                if chunk <= 0:
+                    return None
+                steps = min(steps, _chunk_steps(request, chunk, max_model_len))
+                chunks.append((request, chunk))
+                order.append((request, chunk))
+                budget -= chunk
+        else:
+            for request in running:
+                if budget <= 0:
+                    return None
+                # Its last token sampled (a last 1-token chunk of a prompt is not a decode).
+                if request.num_computed == request.num_tokens - 1 and request.num_output:
+                    decodes.append(request)
+                    lasts.append(request.max_tokens - request.num_output)
+                    order.append((request, 1))
+                    budget -= 1
+                    continue
+                chunk = self._repeatable_chunk(request, threshold, budget)
+                if chunk <= 0:
+                    return None
+                steps = min(steps, _chunk_steps(request, chunk, max_model_len))
+                chunks.append((request, chunk))
+                order.append((request, chunk))
+                budget -= chunk
+        if steps <= 0:
+            return None
+        return steps, budget, decodes, lasts, chunks, order
+
+    @staticmethod
+    def _repeatable_chunk(request: SimRequest, threshold: int, budget: int) -> int:
+        """The chunk ``schedule()`` gives a prefilling running request (the threshold, then
+        the budget), or 0 when it is the prompt's last (it samples, and the next differs)."""
+        remaining = request.num_tokens - request.num_computed
+        num_new = threshold if 0 < threshold < remaining else remaining
+        num_new = min(num_new, budget)
+        return num_new if num_new < remaining else 0
+
+    def _allocations_fit(
+        self,
+        decodes: list[SimRequest],
+        lasts: list[int],
+        chunks: list[Scheduled],
+        steps: int,
+    ) -> int:
+        """How many of the run's first ``steps`` steps have every block allocation fit in the
+        blocks free now (request i needs a block whenever its computed tokens reach the end of
+        its last block, while it is scheduled; a prefilling one for each block its chunk
+        enters). Blocks that finishes free are not counted: the run may end sooner than it
+        must, never later."""
+        size = self.config.block_size
+        free = self.kv.num_free_blocks
+        firsts = [len(r.blocks) * size - r.num_computed for r in decodes]
+        ranges = [
+            range(first, min(last, steps), size) for first, last in zip(firsts, lasts, strict=True)
+        ]
+        chunk_total = sum(_prefill_blocks(r, chunk, steps, size) for r, chunk in chunks)
+        if sum(map(len, ranges)) + chunk_total <= free:
             return steps  # every allocation of the whole run fits
         needs_by_step = [0] * steps
-        for first in first_needs:
-            for step in range(first, steps, size):
+        for allocations in ranges:
+            for step in allocations:
                 needs_by_step[step] += 1
+        for request, chunk in chunks:
+            before = 0
+            for step in range(steps):
+                total = _prefill_blocks(request, chunk, step + 1, size)
+                needs_by_step[step] += total - before
+                before = total
         for step, total in enumerate(accumulate(needs_by_step)):
             if total > free:
                 return step
         return steps
 
-    def _head_blocked(self, running: int) -> bool:
-        """Whether the waiting head cannot be admitted with ``running`` decodes (and stays so
-        while the run lasts)."""
+    def _head_blocked(self, running: int, budget: int) -> bool:
+        """Whether the waiting head cannot be admitted with ``running`` requests scheduled and
+        ``budget`` tokens left (and stays so while the run lasts)."""
         config, kv = self.config, self.kv
-        budget = config.max_num_batched_tokens - running
         if running >= config.max_num_seqs or budget <= 0:
             return True
         head = self.waiting[0]
@@ -272,46 +411,119 @@ class Scheduler:
             has_scheduled_reqs=True,
         )
 
-    def apply_decode_run(
-        self, steps: int, token_times: list[float]
+    def apply_steady_run(
+        self, run: SteadyRun, steps: int, token_times: list[float]
     ) -> tuple[list[int], list[SimRequest]]:
-        """Apply ``steps`` plain decode steps (as :meth:`decode_run_limit` allowed) and the
-        ``len(token_times)`` outputs that arrive meanwhile (synchronous: each step's own;
-        async: the step in flight before the run and all but the run's last). Returns the
-        KV blocks in use during each step, and the requests that finished (their blocks
-        freed, as after any step applied; never any in async, whose run stops first)."""
-        kv, size, running = self.kv, self.config.block_size, self.running
+        """Apply the first ``steps`` steps of ``run`` (as :meth:`steady_run` found it) and the
+        ``steps`` outputs that arrive meanwhile (synchronous: each step's own; async: the step
+        in flight before the run and all but the run's last), at ``token_times``. Returns the
+        KV blocks in use during each step, and the requests that finished, in order (their
+        blocks freed, each as soon as its last token's output was applied, before the next
+        step's allocations: what a free puts back decides what later allocations evict)."""
+        kv, size = self.kv, self.config.block_size
         lag = 1 if self.config.async_scheduling else 0  # the last step's token is in flight
-        used = [0] * steps
-        start_used = kv.num_used_blocks
-        finished: list[SimRequest] = []
-        firsts = [len(request.blocks) * size - request.num_computed for request in running]
-        counts = [len(range(first, steps, size)) for first in firsts]
-        fresh = kv.new_blocks(sum(counts))  # in running order, as step by step
-        taken = 0
         caching = kv.enable_caching
         times = array("d", token_times)
-        for request, first, allocations in zip(running, firsts, counts, strict=True):
-            if allocations:
-                request.blocks += fresh[taken : taken + allocations]
-                taken += allocations
-                for step in range(first, steps, size):
-                    used[step] += 1
+        start_used = kv.num_used_blocks
+        changes = [0] * steps
+        """Per step, the blocks taken less those freed before it."""
+        for request, chunk in run.chunks:
+            self._apply_chunks(request, chunk, steps, changes)
+        freeing: dict[int, list[SimRequest]] = {}
+        """Step → the requests whose last output is applied before it is scheduled (the run's
+        length: after its last step)."""
+        staying: list[tuple[SimRequest, int]] = []
+        for request, last in zip(run.decodes, run.lasts, strict=True):
+            if last + lag <= steps:  # its last token's output lands inside the run
+                freeing.setdefault(last + lag, []).append(request)
+            else:
+                staying.append((request, min(last, steps)))
+        stops = sorted(freeing)
+        if not stops or stops[-1] < steps:
+            stops.append(steps)
+        takers: list[list[tuple[SimRequest, int]]] = [[] for _ in stops]
+        """Per stretch between frees, the requests taking blocks in it and how many."""
+        for request, last in zip(run.decodes, run.lasts, strict=True):
+            first = len(request.blocks) * size - request.num_computed
+            allocations = range(first, min(last, steps), size)
+            if not allocations:
+                continue
+            for step in allocations:
+                changes[step] += 1
+            stretch = bisect_right(stops, allocations[0])
+            end = stops[stretch]
+            if allocations[-1] < end:
+                takers[stretch].append((request, len(allocations)))
+            else:  # across frees: each stretch's blocks are taken before the frees ending it
+                for step in allocations:
+                    while step >= stops[stretch]:
+                        stretch += 1
+                    takers[stretch].append((request, 1))
+        finished: list[SimRequest] = []
+        for stop, takes in zip(stops, takers, strict=True):
+            fresh = kv.new_blocks(sum(count for _, count in takes)) if takes else []
+            taken = 0
+            for request, count in takes:
+                request.blocks += fresh[taken : taken + count]
+                taken += count
+            if stop in freeing:
+                in_use = kv.num_used_blocks
+                finished += self._finish_run_requests(freeing[stop], times, lag, caching)
+                if stop < steps:
+                    changes[stop] -= in_use - kv.num_used_blocks
+        for request, scheduled in staying:
             computed = request.num_computed
-            request.num_computed = computed + steps
+            request.num_computed = computed + scheduled
             if lag:
                 request.in_flight = 1  # the run's last step (the one before it has landed)
             request.num_output += steps
             request.num_tokens += steps
             request.token_times += times
             if caching:
-                kv.cache_full_blocks(request, computed + steps - lag)
-            if request.num_output >= request.max_tokens:
-                finished.append(request)
-        used = list(accumulate(used, initial=start_used))[1:]
+                kv.cache_full_blocks(request, computed + scheduled - lag)
         if finished:
-            self._retire(finished)
+            done = {id(request) for request in finished}
+            self.running = [r for r in self.running if id(r) not in done]
+        used = list(accumulate(changes, initial=start_used))[1:]
         return used, finished
+
+    def _finish_run_requests(
+        self, requests: list[SimRequest], times: array[float], lag: int, caching: bool
+    ) -> list[SimRequest]:
+        """Apply the rest of a run's requests that have just delivered their last token, and
+        free them (``running`` is the caller's to update)."""
+        for request in requests:
+            tokens = request.max_tokens - request.num_output
+            computed = request.num_computed + tokens - lag
+            request.num_computed = computed
+            request.in_flight = request.placeholders = 0
+            request.num_output += tokens
+            request.num_tokens += tokens
+            request.token_times += times[:tokens]
+            if caching:
+                self.kv.cache_full_blocks(request, computed)
+        if self.retired is not None:
+            self.retired += requests
+        for request in requests:
+            request.status = Status.FINISHED
+            self.kv.free(request)
+        return requests
+
+    def _apply_chunks(self, request: SimRequest, chunk: int, steps: int, taken: list[int]) -> None:
+        """Schedule ``steps`` chunks of ``chunk`` prompt tokens for ``request`` at once (one
+        allocation for them all: the blocks it ends with, cached as far as they are full),
+        adding to ``taken`` the blocks each step takes."""
+        size = self.config.block_size
+        before = 0
+        for step in range(steps):
+            total = _prefill_blocks(request, chunk, step + 1, size)
+            taken[step] += total - before
+            before = total
+        if not self.kv.allocate_slots(request, chunk * steps):
+            raise AssertionError("a steady run's chunks were found to fit, yet do not")
+        request.num_computed += chunk * steps
+        if self.config.async_scheduling:
+            request.in_flight = chunk  # the run's last chunk
 
     def _preempt(self, request: SimRequest) -> None:
         """Recompute preemption: free everything, restart from the front of the queue. Under

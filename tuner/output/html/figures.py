@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from prefill_tuner.search_spaces.knobs import KNOBS
-from prefill_tuner.search_spaces.space import THRESHOLD_SUFFIX
+from prefill_tuner.search_spaces.space import HALVINGS_SUFFIX, THRESHOLD_SUFFIX
 from prefill_tuner.storage.models import TrialRecord
 from prefill_tuner.study.plan import RATE_MULTIPLIER
 
@@ -48,8 +48,9 @@ def _label(name: str) -> str:
 
 
 def knob_name(param: str) -> str:
-    """The knob an Optuna parameter searches (a threshold is searched as its log2)."""
-    knob = param.removesuffix(THRESHOLD_SUFFIX)
+    """The knob an Optuna parameter searches (a threshold is searched as its log2, or as
+    halvings of the budget)."""
+    knob = param.removesuffix(THRESHOLD_SUFFIX).removesuffix(HALVINGS_SUFFIX)
     return knob if knob in KNOBS else param
 
 

@@ -34,15 +34,18 @@ from prefill_tuner.output.html.figures import (
     timeline_figure,
 )
 from prefill_tuner.search_spaces.render import command_yaml
+from prefill_tuner.storage.batched import optuna_storage
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.recommend import RULE
 from prefill_tuner.study.summary import (
     StudySummary,
+    headroom_lines,
     knob_cells,
     require_finished,
     study_trace,
     summarize_stored,
+    window_lines,
 )
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.stats import trace_stats
@@ -81,7 +84,7 @@ def render_report(store: TunerStore, study_name: str) -> str:
     record = summary.study
     trials = sorted(store.trials(record), key=lambda t: t.trial_number)
     try:
-        study = optuna.load_study(study_name=record.name, storage=store.url)
+        study = optuna.load_study(study_name=record.name, storage=optuna_storage(store.url))
     except KeyError:
         raise TunerError(f"study {record.name}: no Optuna study of that name") from None
     limits = {slo.name: slo.limit_s for slo in parse_slos(list(record.slos))}
@@ -372,8 +375,11 @@ def _serve_section(summary: StudySummary) -> str:
         )
     command = summary.recommended.serve_command
     yaml_text = command_yaml(command)
+    deployable = [*headroom_lines(summary), *window_lines(summary.recommended)]
     return (
-        f"<p>Recommended: trial {summary.recommended.trial_number}. The serve line:</p>"
+        f"<p>Recommended: trial {summary.recommended.trial_number}.</p>"
+        + "".join(f'<p class="headroom">{html.escape(line)}</p>' for line in deployable)
+        + "<p>The serve line:</p>"
         f'<pre id="serve-line">{html.escape(command)}</pre>'
         '<button data-copy="serve-line">Copy the serve line</button>'
         "<p>Or as a <code>vllm serve MODEL --config FILE</code> YAML:</p>"

@@ -270,6 +270,18 @@ class KernelProfile(BaseModel):
         attention = derived.decode_many(requests, context / requests)
         return (base + attention) + (derived.host_fixed + derived.host_per_request * requests)
 
+    def decode_steps_seconds(self, requests: int, first_context: int, steps: int) -> list[float]:
+        """:meth:`decode_run_seconds` without numpy (cheaper for a few steps): each step's
+        float as :meth:`step_seconds` computes it, the parts that do not change hoisted."""
+        derived = self._get()
+        base = derived.tokens(requests) + derived.requests(requests)
+        host = derived.host_fixed + derived.host_per_request * requests
+        decode = derived.decode
+        return [
+            (base + decode(requests, (first_context + requests * step) / requests)) + host
+            for step in range(steps)
+        ]
+
     def prefill_work_seconds(self, tokens: int, pairs: int) -> float:
         """A lower bound of the device time any schedule spends prefilling ``tokens`` tokens
         with ``pairs`` query-key pairs, additive over requests and chunks: the least the
