@@ -9,7 +9,8 @@ after=.venv/bin/python`` compares two checkouts in one run; default: this one). 
 interleaved (one run of each, then again), so a machine that gets busier slows both alike.
 Prints per interpreter the median wall and CPU (user + system of the child, from
 ``getrusage``) over the plain runs, then one extra run under cProfile split by where the
-functions live (their own time, so the parts add up): simulation (``engines/sim``), storage
+functions live (their own time, a built-in's counted where it was called from, so the parts
+add up): simulation (``engines/sim``), storage
 (SQLAlchemy, sqlite3, psycopg, Optuna's storages, the tuner's ``storage``), Optuna (the rest of
 it: samplers, study), other (the rest: start-up imports, trace reading, report). cProfile
 inflates Python-heavy parts most; the split is shown as shares of the profiled time.
@@ -43,6 +44,19 @@ PARTS = {
 }
 
 
+PROFILED = """
+import cProfile, runpy, sys, time
+path, sys.argv = sys.argv[1], ["tune", *sys.argv[2:]]
+profiler = cProfile.Profile(time.process_time)
+try:
+    profiler.runcall(runpy.run_module, "prefill_tuner", run_name="__main__")
+except SystemExit:
+    pass
+profiler.dump_stats(path)
+"""
+"""The main job under cProfile with a CPU clock (``python -c PROFILED OUT ARGS...``)."""
+
+
 def _child_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -52,22 +66,32 @@ def run_once(python: str, folder: Path, profile: Path | None = None) -> tuple[fl
     """Wall and CPU seconds of one main job, into a fresh database in ``folder``."""
     database = folder / f"job-{time.monotonic_ns()}.db"
     tune = [python, "-m", "prefill_tuner"]
-    if profile is not None:
-        tune = [python, "-m", "cProfile", "-o", str(profile), "-m", "prefill_tuner"]
+    if profile is not None:  # CPU time per function: a busy machine's waits are no one's
+        tune = [python, "-c", PROFILED, str(profile)]
     command = [*tune, "run", "--slo", "p99_tpot=50ms", "--storage", f"sqlite:///{database}"]
     cpu, started = _child_cpu(), time.perf_counter()
     subprocess.run(command, cwd=folder, check=True, capture_output=True)
     return time.perf_counter() - started, _child_cpu() - cpu
 
 
+def _part(filename: str) -> str:
+    return next((p for p, marks in PARTS.items() if any(m in filename for m in marks)), "other")
+
+
 def split(profile: Path) -> dict[str, float]:
-    """Own time per part of the profiled run."""
+    """Own time per part of the profiled run: a function's by its file, a built-in's (``len``,
+    a ``sqlite3`` call) by the file of each caller, in the share that caller gave it."""
     stats = pstats.Stats(str(profile)).stats  # type: ignore[attr-defined]
     parts = dict.fromkeys([*PARTS, "other"], 0.0)
-    for (filename, _, name), (_, _, tottime, _, _) in stats.items():
-        where = filename if filename != "~" else name
-        part = next((p for p, marks in PARTS.items() if any(m in where for m in marks)), "other")
-        parts[part] += tottime
+    for (filename, _, name), (_, _, tottime, _, callers) in stats.items():
+        if filename != "~":
+            parts[_part(filename)] += tottime
+            continue
+        if "sqlite3" in name or not callers:  # the database's own work is storage's
+            parts["storage" if "sqlite3" in name else "other"] += tottime
+            continue
+        for (caller, _, _), (_, _, share, _) in callers.items():
+            parts[_part(caller) if caller != "~" else "other"] += share
     return parts
 
 
@@ -93,11 +117,14 @@ def main() -> None:
             parts = split(profile)
             total = sum(parts.values())
             shares = ", ".join(f"{part} {seconds / total:.0%}" for part, seconds in parts.items())
-            print(
-                f"{name}: wall median {statistics.median(walls[name]):.2f} s "
-                f"(min {min(walls[name]):.2f}), CPU median {statistics.median(cpus[name]):.2f} s "
-                f"(min {min(cpus[name]):.2f}), n={args.rounds}; profiled {total:.1f} s: {shares}"
+            timed = (
+                f"wall median {statistics.median(walls[name]):.2f} s (min {min(walls[name]):.2f}), "
+                f"CPU median {statistics.median(cpus[name]):.2f} s (min {min(cpus[name]):.2f}), "
+                f"n={args.rounds}; "
+                if args.rounds
+                else ""
             )
+            print(f"{name}: {timed}profiled (CPU) {total:.1f} s: {shares}", flush=True)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 

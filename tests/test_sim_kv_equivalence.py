@@ -2,7 +2,7 @@
 random prefix-heavy scenarios under eviction pressure (conversations whose turns extend each
 other's prefixes, a pool that holds a few prompts), every step, time and record is the same
 with the current ``KVCache`` as with main's before issue 30 (``tests/support/kv_reference.py``),
-in both scheduling modes. ``tests/test_sim_vs_vllm.py`` checks the same scenarios against
+in both scheduling modes. ``tests/test_sim_vs_vllm.py`` checks the first 20 of them against
 vLLM's own scheduler."""
 
 from __future__ import annotations

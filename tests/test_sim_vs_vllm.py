@@ -26,7 +26,7 @@ from tests.support.sim_crosscheck import (
     scenario,
     simulated_steps,
 )
-from tests.support.sim_scenarios import random_scenario
+from tests.support.sim_scenarios import prefix_heavy_scenario, random_scenario
 
 pytestmark = pytest.mark.real_engine  # starts vLLM (CPU build): `-m 'not real_engine'` skips
 
@@ -192,3 +192,24 @@ def test_stall_matches_vllm(async_scheduling: bool) -> None:
     ((_, trace, config, reference),) = _all_cases()[("stall", async_scheduling)]
     assert reference["stalled"]
     assert first_mismatch("stall", simulated_steps(trace, config), reference) is None
+
+
+PREFIX_HEAVY = 20
+
+
+@MODES
+def test_prefix_heavy_scenarios_match_vllm_step_for_step(async_scheduling: bool) -> None:
+    """The conversations under eviction pressure of ``tests/test_sim_kv_equivalence.py`` (its
+    first 20: 40 passed too, at about 50 s of CPU), against vLLM's own scheduler and block
+    pool."""
+    cases = [
+        (f"prefix-heavy-{seed}", *prefix_heavy_scenario(seed, async_scheduling=async_scheduling))
+        for seed in range(PREFIX_HEAVY)
+    ]
+    references = run_reference(vllm_python(), [scenario(n, t, c) for n, t, c in cases])
+    mismatches = [
+        str(m)
+        for (name, trace, config), reference in zip(cases, references, strict=True)
+        if (m := first_mismatch(name, simulated_steps(trace, config), reference))
+    ]
+    assert not mismatches, f"{len(mismatches)} of {len(cases)}: {mismatches[:3]}"
