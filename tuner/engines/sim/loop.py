@@ -284,8 +284,9 @@ MIN_RUN = 2
 """Shorter runs of steps of fixed composition are scheduled one by one."""
 
 SCALAR_STEPS = 16
-"""A plain decode run's first steps are timed without numpy (whose fixed cost per call is
-that of many steps); the rest a growing chunk at a time."""
+"""A stretch of plain decode steps likely to be cut (by an arrival) within this many steps is
+timed without numpy (whose fixed cost per call is that of many steps); a longer one a growing
+chunk at a time."""
 
 DURATION_CHUNK = 32
 """Decode-step durations computed at once after those (then 4× as many each time)."""
@@ -511,14 +512,15 @@ class _Loop:
             if finished and self.on_finish is not None:
                 self.on_finish(finished, step.end)
 
-    def _run_durations(self, run: SteadyRun) -> Iterator[tuple[int, int]]:
+    def _run_durations(self, run: SteadyRun, room: int | None) -> Iterator[tuple[int, int]]:
         """Each step of ``run``: its total (device and host) time in ticks, as stepping would
-        compute it (the same floats), and the requests it schedules."""
+        compute it (the same floats), and the requests it schedules. ``room``: the ticks until
+        the run must stop (the next arrival), if known: how many steps are likely wanted."""
         if not run.chunks:
-            return self._decode_durations(run)
+            return self._decode_durations(run, room)
         return self._chunk_durations(run)
 
-    def _decode_durations(self, run: SteadyRun) -> Iterator[tuple[int, int]]:
+    def _decode_durations(self, run: SteadyRun, room: int | None) -> Iterator[tuple[int, int]]:
         """A plain decode run's steps: a stretch at a time between finishes (the batch shrinks
         by the requests whose last step has passed)."""
         count = len(run.decodes)
@@ -533,21 +535,34 @@ class _Loop:
         start = 0
         for stop in [*sorted(leaving), run.steps]:
             if stop > start:
-                for ticks in self._decode_stretch(count, context + count * start, stop - start):
+                for ticks in self._decode_stretch(
+                    count, context + count * start, stop - start, room
+                ):
                     yield ticks, count
+                    if room is not None:
+                        room -= ticks
             if stop in leaving:
                 count -= leaving[stop][0]
                 context -= leaving[stop][1]
             start = stop
 
-    def _decode_stretch(self, count: int, context: int, steps: int) -> Iterator[int]:
+    def _decode_stretch(
+        self, count: int, context: int, steps: int, room: int | None
+    ) -> Iterator[int]:
         """``steps`` plain decode steps of ``count`` requests whose contexts sum to ``context``
-        in the first: the first :data:`SCALAR_STEPS` timed without numpy, then a growing chunk
-        at a time by the profile's ``decode_run_seconds`` (most runs end at an arrival long
-        before ``steps``)."""
-        done = min(SCALAR_STEPS, steps)
-        for one in self.profile.decode_steps_seconds(count, context, done):
-            yield _ns(one)
+        in the first. When the first step's time says that fewer than :data:`SCALAR_STEPS`
+        fit in ``room``, those are timed without numpy (whose fixed cost is that of many
+        steps); the rest a growing chunk at a time by the profile's ``decode_run_seconds``."""
+        (first,) = self.profile.decode_steps_seconds(count, context, 1)
+        ticks = _ns(first)
+        yield ticks
+        done = 1
+        likely = steps if room is None else min(steps, room // max(ticks, 1) + 1)
+        if likely <= SCALAR_STEPS:
+            scalar = min(SCALAR_STEPS, steps) - 1
+            for one in self.profile.decode_steps_seconds(count, context + count, scalar):
+                yield _ns(one)
+            done += scalar
         chunk = DURATION_CHUNK
         while done < steps:
             size = min(chunk, steps - done)
@@ -582,7 +597,8 @@ class _Loop:
         starts: list[int] = []
         ends: list[int] = []
         start = clock
-        for duration, _ in self._run_durations(run):
+        room = None if arrival is None else arrival - clock
+        for duration, _ in self._run_durations(run, room):
             if arrival is not None and start >= arrival:
                 break  # a step starting at or after the next arrival would admit it
             starts.append(start)
@@ -616,7 +632,8 @@ class _Loop:
         starts: list[int] = []
         ends: list[int] = []
         counted, host_part = -1, 0
-        for total, count in self._run_durations(run):
+        room = None if arrival is None else arrival - host
+        for total, count in self._run_durations(run, room):
             if starts and arrival is not None and arrival <= host:
                 break  # this step's schedule() would see the arrival
             if count != counted:
