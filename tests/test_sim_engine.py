@@ -153,8 +153,10 @@ def test_every_kind_of_run_is_fast_forwarded_exactly(async_scheduling: bool) -> 
             profile = (ConstantProfile(step_ms=7.0), LINEAR, H100)[seed % 3]
             for limit in (None, 1 + seed % 3):
                 assert_identical(both_ways(trace, config, profile, limit))
-    assert min(kinds["chunk"], kinds["decode"], kinds["past finishes"]) >= 20, kinds
-    assert kinds["several chunks"] >= 5, kinds
+    # Chunk runs are taken only with the prefix cache off (Scheduler.steady_run says why): in
+    # about half of these scenarios.
+    assert min(kinds["decode"], kinds["past finishes"]) >= 20, kinds
+    assert kinds["chunk"] >= 10 and kinds["several chunks"] >= 3, kinds
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
@@ -175,9 +177,13 @@ def test_small_budgets_fast_forward_exactly_on_a_real_trace(async_scheduling: bo
             "async_scheduling": async_scheduling,
         }
     )
-    with counting_runs() as kinds:
-        runs = both_ways(mooncake, config)
+    runs = both_ways(mooncake, config)
     assert runs[0][0].preemptions > 0 and runs[0][0].prefix_cache_hits > 0
+    assert_identical(runs)
+    # Without the prefix cache its chunks go in runs (with it, steps: Scheduler.steady_run).
+    with counting_runs() as kinds:
+        runs = both_ways(mooncake, config.model_copy(update={"enable_prefix_caching": False}))
+    assert runs[0][0].preemptions > 0
     assert kinds["chunk"] > 100, kinds
     assert_identical(runs)
 
