@@ -206,11 +206,10 @@ class FittedProfile(BaseModel):
         )
         return total / 1000.0
 
-    def decode_run_seconds(self, requests: int, first_context: int, steps: int) -> np.ndarray:
-        """Durations of ``steps`` consecutive plain decode steps (see
-        :meth:`ConstantProfile.decode_run_seconds`)."""
-        context = first_context + requests * np.arange(steps, dtype=np.float64)
-        fixed = (
+    def _decode_fixed_ms(self, requests: int) -> float:
+        """A plain decode step's milliseconds but its context term, summed in
+        :meth:`step_seconds`' order (so the runs give its floats)."""
+        return (
             self.base_ms
             + self.decode_ms * requests
             + self.decode_squared_ms * requests**2
@@ -218,19 +217,18 @@ class FittedProfile(BaseModel):
             + self.host_ms
             + self.host_request_ms * requests
         )
+
+    def decode_run_seconds(self, requests: int, first_context: int, steps: int) -> np.ndarray:
+        """Durations of ``steps`` consecutive plain decode steps (see
+        :meth:`ConstantProfile.decode_run_seconds`)."""
+        context = first_context + requests * np.arange(steps, dtype=np.float64)
+        fixed = self._decode_fixed_ms(requests)
         return (fixed + self.decode_context_ms * context + 0.0) / 1000.0
 
     def decode_steps_seconds(self, requests: int, first_context: int, steps: int) -> list[float]:
         """:meth:`decode_run_seconds` without numpy (cheaper for a few steps): the same
         floats, as :meth:`step_seconds` computes them."""
-        fixed = (
-            self.base_ms
-            + self.decode_ms * requests
-            + self.decode_squared_ms * requests**2
-            + self.request_ms * requests
-            + self.host_ms
-            + self.host_request_ms * requests
-        )
+        fixed = self._decode_fixed_ms(requests)
         slope = self.decode_context_ms
         return [
             (fixed + slope * (first_context + requests * step) + 0.0) / 1000.0

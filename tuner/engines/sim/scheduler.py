@@ -305,45 +305,32 @@ class Scheduler:
         lasts: list[int] = []
         chunks: list[Scheduled] = []
         order: list[Scheduled] = []
-        if config.async_scheduling:
-            lag = 1  # its last token is in flight already when it is not scheduled again
-            for request in running:
-                if budget <= 0:
-                    return None
+        asynchronous = config.async_scheduling
+        lag = 1 if asynchronous else 0  # async: its last token is in flight already
+        for request in running:
+            if budget <= 0:
+                return None
+            if asynchronous:
                 # Exactly its next token in flight (the step before), and no more.
-                if request.placeholders == 1 and request.num_computed == request.num_tokens:
-                    decodes.append(request)
-                    lasts.append(request.max_tokens - request.num_output - lag)
-                    order.append((request, 1))
-                    budget -= 1
-                    continue
-                if request.placeholders or request.stale:
-                    return None  # its prompt's last chunk is in flight
-                chunk = self._repeatable_chunk(request, threshold, budget)
-                if chunk <= 0:
-                    return None
-                steps = min(steps, _chunk_steps(request, chunk, max_model_len))
-                chunks.append((request, chunk))
-                order.append((request, chunk))
-                budget -= chunk
-        else:
-            for request in running:
-                if budget <= 0:
-                    return None
+                decoding = request.placeholders == 1 and request.num_computed == request.num_tokens
+            else:
                 # Its last token sampled (a last 1-token chunk of a prompt is not a decode).
-                if request.num_computed == request.num_tokens - 1 and request.num_output:
-                    decodes.append(request)
-                    lasts.append(request.max_tokens - request.num_output)
-                    order.append((request, 1))
-                    budget -= 1
-                    continue
-                chunk = self._repeatable_chunk(request, threshold, budget)
-                if chunk <= 0:
-                    return None
-                steps = min(steps, _chunk_steps(request, chunk, max_model_len))
-                chunks.append((request, chunk))
-                order.append((request, chunk))
-                budget -= chunk
+                decoding = request.num_computed == request.num_tokens - 1 and request.num_output > 0
+            if decoding:
+                decodes.append(request)
+                lasts.append(request.max_tokens - request.num_output - lag)
+                order.append((request, 1))
+                budget -= 1
+                continue
+            if asynchronous and (request.placeholders or request.stale):
+                return None  # its prompt's last chunk is in flight
+            chunk = self._repeatable_chunk(request, threshold, budget)
+            if chunk <= 0:
+                return None
+            steps = min(steps, _chunk_steps(request, chunk, max_model_len))
+            chunks.append((request, chunk))
+            order.append((request, chunk))
+            budget -= chunk
         if steps <= 0:
             return None
         return steps, budget, decodes, lasts, chunks, order
