@@ -153,8 +153,6 @@ def test_every_kind_of_run_is_fast_forwarded_exactly(async_scheduling: bool) -> 
             profile = (ConstantProfile(step_ms=7.0), LINEAR, H100)[seed % 3]
             for limit in (None, 1 + seed % 3):
                 assert_identical(both_ways(trace, config, profile, limit))
-    # Chunk runs are taken only with the prefix cache off (Scheduler.steady_run says why): in
-    # about half of these scenarios.
     assert min(kinds["decode"], kinds["past finishes"]) >= 20, kinds
     assert kinds["chunk"] >= 10 and kinds["several chunks"] >= 3, kinds
 
@@ -177,15 +175,12 @@ def test_small_budgets_fast_forward_exactly_on_a_real_trace(async_scheduling: bo
             "async_scheduling": async_scheduling,
         }
     )
-    runs = both_ways(mooncake, config)
-    assert runs[0][0].preemptions > 0 and runs[0][0].prefix_cache_hits > 0
-    assert_identical(runs)
-    # Without the prefix cache its chunks go in runs (with it, steps: Scheduler.steady_run).
-    with counting_runs() as kinds:
-        runs = both_ways(mooncake, config.model_copy(update={"enable_prefix_caching": False}))
-    assert runs[0][0].preemptions > 0
-    assert kinds["chunk"] > 100, kinds
-    assert_identical(runs)
+    for caching in (True, False):
+        with counting_runs() as kinds:
+            runs = both_ways(mooncake, config.model_copy(update={"enable_prefix_caching": caching}))
+        assert runs[0][0].preemptions > 0 and (runs[0][0].prefix_cache_hits > 0) == caching
+        assert kinds["chunk"] > 100, kinds
+        assert_identical(runs)
 
 
 @pytest.mark.parametrize(("async_scheduling", "lag"), [(False, 0), (True, 1)])

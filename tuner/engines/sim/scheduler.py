@@ -40,6 +40,7 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
+from operator import itemgetter
 
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.kv_cache import KVCache
@@ -265,13 +266,6 @@ class Scheduler:
         if composition is None:
             return None
         steps, budget, decodes, lasts, chunks, order = composition
-        if chunks and self.kv.enable_caching:
-            # A run takes its chunks' blocks before its decodes' while a step takes them in
-            # running order: the same count, other block ids, so frees later queue them in
-            # another order, and with prefix caching which cached block is evicted (and what a
-            # later prompt hits) can differ: test_sim_vs_vllm's prefix-heavy scenario 13 ran a
-            # block short of vLLM. Chunk runs are taken only where block ids cannot matter.
-            return None
         if self.waiting and not self._head_blocked(len(running), budget):
             return None
         first_finish = min(lasts, default=steps)
@@ -414,15 +408,12 @@ class Scheduler:
         KV blocks in use during each step, and the requests that finished, in order (their
         blocks freed, each as soon as its last token's output was applied, before the next
         step's allocations: what a free puts back decides what later allocations evict)."""
-        kv, size = self.kv, self.config.block_size
         lag = 1 if self.config.async_scheduling else 0  # the last step's token is in flight
-        caching = kv.enable_caching
+        caching = self.kv.enable_caching
         times = array("d", token_times)
-        start_used = kv.num_used_blocks
+        start_used = self.kv.num_used_blocks
         changes = [0] * steps
         """Per step, the blocks taken less those freed before it."""
-        for request, chunk in run.chunks:
-            self._apply_chunks(request, chunk, steps, changes)
         freeing: dict[int, list[SimRequest]] = {}
         """Step → the requests whose last output is applied before it is scheduled (the run's
         length: after its last step)."""
@@ -432,6 +423,40 @@ class Scheduler:
                 freeing.setdefault(last + lag, []).append(request)
             else:
                 staying.append((request, min(last, steps)))
+        if run.chunks:
+            finished = self._take_blocks_by_step(run, steps, freeing, times, changes)
+        else:
+            finished = self._take_decode_blocks(run, steps, freeing, times, changes)
+        for request, scheduled in staying:
+            computed = request.num_computed
+            request.num_computed = computed + scheduled
+            if lag:
+                request.in_flight = 1  # the run's last step (the one before it has landed)
+            request.num_output += steps
+            request.num_tokens += steps
+            request.token_times += times
+            if caching:
+                self.kv.cache_full_blocks(request, computed + scheduled - lag)
+        if finished:
+            done = {id(request) for request in finished}
+            self.running = [r for r in self.running if id(r) not in done]
+        used = list(accumulate(changes, initial=start_used))[1:]
+        return used, finished
+
+    def _take_decode_blocks(
+        self,
+        run: SteadyRun,
+        steps: int,
+        freeing: dict[int, list[SimRequest]],
+        times: array[float],
+        changes: list[int],
+    ) -> list[SimRequest]:
+        """A plain decode run's blocks, taken a stretch between frees at a time (in a stretch
+        nothing is freed and nobody caches a block another could find, so taking its blocks
+        at once takes the same ones, in the same order as stepping would), and its finishes;
+        ``changes`` gains each step's blocks."""
+        kv, size = self.kv, self.config.block_size
+        lag = 1 if self.config.async_scheduling else 0
         stops = sorted(freeing)
         if not stops or stops[-1] < steps:
             stops.append(steps)
@@ -462,27 +487,66 @@ class Scheduler:
                 taken += count
             if stop in freeing:
                 in_use = kv.num_used_blocks
-                finished += self._finish_run_requests(freeing[stop], times, lag, caching)
+                finished += self._finish_run_requests(freeing[stop], times, lag)
                 if stop < steps:
                     changes[stop] -= in_use - kv.num_used_blocks
-        for request, scheduled in staying:
-            computed = request.num_computed
-            request.num_computed = computed + scheduled
+        return finished
+
+    def _take_blocks_by_step(
+        self,
+        run: SteadyRun,
+        steps: int,
+        freeing: dict[int, list[SimRequest]],
+        times: array[float],
+        changes: list[int],
+    ) -> list[SimRequest]:
+        """A run with prefill chunks: its blocks taken and cached step by step in running
+        order, each step after the frees before it, as ``schedule()`` takes them. (A chunk's
+        blocks taken at once would take blocks a later finish frees from the eviction queue
+        instead, and cache its full blocks before other requests' in the same steps: with the
+        prefix cache, later hits could differ.) The chunks' progress is counted; ``changes``
+        gains each step's blocks. Returns the requests that finished."""
+        kv, size = self.kv, self.config.block_size
+        lag = 1 if self.config.async_scheduling else 0
+        caching = kv.enable_caching
+        position = {id(request): index for index, (request, _) in enumerate(run.order)}
+        takes: dict[int, list[tuple[int, SimRequest, int]]] = {}
+        """Step → (running position, request, chunk or 0 for a decode's next block)."""
+        for request, last in zip(run.decodes, run.lasts, strict=True):
+            first = len(request.blocks) * size - request.num_computed
+            for step in range(first, min(last, steps), size):
+                takes.setdefault(step, []).append((position[id(request)], request, 0))
+        for request, chunk in run.chunks:
+            entry = (position[id(request)], request, chunk)
+            for step in range(steps):
+                takes.setdefault(step, []).append(entry)
+        finished: list[SimRequest] = []
+        for step in range(steps):
+            if step in freeing:
+                in_use = kv.num_used_blocks
+                finished += self._finish_run_requests(freeing[step], times, lag)
+                changes[step] -= in_use - kv.num_used_blocks
+            for _, request, chunk in sorted(takes.get(step, ()), key=itemgetter(0)):
+                if chunk:
+                    known = request.num_computed + chunk * (step + 1)
+                    missing = -(-known // size) - len(request.blocks)
+                else:
+                    missing = 1
+                if missing > 0:
+                    request.blocks += kv.new_blocks(missing)
+                    changes[step] += missing
+                if chunk and caching:
+                    kv.cache_full_blocks(request, known)
+        if steps in freeing:
+            finished += self._finish_run_requests(freeing[steps], times, lag)
+        for request, chunk in run.chunks:
+            request.num_computed += chunk * steps
             if lag:
-                request.in_flight = 1  # the run's last step (the one before it has landed)
-            request.num_output += steps
-            request.num_tokens += steps
-            request.token_times += times
-            if caching:
-                kv.cache_full_blocks(request, computed + scheduled - lag)
-        if finished:
-            done = {id(request) for request in finished}
-            self.running = [r for r in self.running if id(r) not in done]
-        used = list(accumulate(changes, initial=start_used))[1:]
-        return used, finished
+                request.in_flight = chunk  # the run's last chunk
+        return finished
 
     def _finish_run_requests(
-        self, requests: list[SimRequest], times: array[float], lag: int, caching: bool
+        self, requests: list[SimRequest], times: array[float], lag: int
     ) -> list[SimRequest]:
         """Apply the rest of a run's requests that have just delivered their last token, and
         free them (``running`` is the caller's to update)."""
@@ -494,7 +558,7 @@ class Scheduler:
             request.num_output += tokens
             request.num_tokens += tokens
             request.token_times += times[:tokens]
-            if caching:
+            if self.kv.enable_caching:
                 self.kv.cache_full_blocks(request, computed)
         if self.retired is not None:
             self.retired += requests
@@ -502,22 +566,6 @@ class Scheduler:
             request.status = Status.FINISHED
             self.kv.free(request)
         return requests
-
-    def _apply_chunks(self, request: SimRequest, chunk: int, steps: int, taken: list[int]) -> None:
-        """Schedule ``steps`` chunks of ``chunk`` prompt tokens for ``request`` at once (one
-        allocation for them all: the blocks it ends with, cached as far as they are full),
-        adding to ``taken`` the blocks each step takes."""
-        size = self.config.block_size
-        before = 0
-        for step in range(steps):
-            total = _prefill_blocks(request, chunk, step + 1, size)
-            taken[step] += total - before
-            before = total
-        if not self.kv.allocate_slots(request, chunk * steps):
-            raise AssertionError("a steady run's chunks were found to fit, yet do not")
-        request.num_computed += chunk * steps
-        if self.config.async_scheduling:
-            request.in_flight = chunk  # the run's last chunk
 
     def _preempt(self, request: SimRequest) -> None:
         """Recompute preemption: free everything, restart from the front of the queue. Under
