@@ -133,6 +133,9 @@ def counting_runs() -> Iterator[collections.Counter[str]]:
     def counted(self: Scheduler, run: SteadyRun, steps: int, times: list[float]):  # type: ignore[no-untyped-def]
         kinds["chunk" if run.chunks else "decode"] += 1
         kinds["several chunks"] += len(run.chunks) > 1
+        caching = self.kv.enable_caching
+        kinds["chunk, prefix cache"] += bool(run.chunks) and caching
+        kinds["several chunks, prefix cache"] += len(run.chunks) > 1 and caching
         kinds["past finishes"] += any(last < steps for last in run.lasts)
         return apply(self, run, steps, times)
 
@@ -155,6 +158,7 @@ def test_every_kind_of_run_is_fast_forwarded_exactly(async_scheduling: bool) -> 
                 assert_identical(both_ways(trace, config, profile, limit))
     assert min(kinds["decode"], kinds["past finishes"]) >= 20, kinds
     assert kinds["chunk"] >= 10 and kinds["several chunks"] >= 3, kinds
+    assert kinds["chunk, prefix cache"] >= 10 and kinds["several chunks, prefix cache"] >= 3, kinds
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])

@@ -40,7 +40,6 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
-from operator import itemgetter
 
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.kv_cache import KVCache
@@ -423,10 +422,7 @@ class Scheduler:
                 freeing.setdefault(last + lag, []).append(request)
             else:
                 staying.append((request, min(last, steps)))
-        if run.chunks:
-            finished = self._take_blocks_by_step(run, steps, freeing, times, changes)
-        else:
-            finished = self._take_decode_blocks(run, steps, freeing, times, changes)
+        finished = self._take_blocks(run, steps, freeing, times, changes)
         for request, scheduled in staying:
             computed = request.num_computed
             request.num_computed = computed + scheduled
@@ -443,7 +439,7 @@ class Scheduler:
         used = list(accumulate(changes, initial=start_used))[1:]
         return used, finished
 
-    def _take_decode_blocks(
+    def _take_blocks(
         self,
         run: SteadyRun,
         steps: int,
@@ -451,10 +447,16 @@ class Scheduler:
         times: array[float],
         changes: list[int],
     ) -> list[SimRequest]:
-        """A plain decode run's blocks, taken a stretch between frees at a time (in a stretch
-        nothing is freed and nobody caches a block another could find, so taking its blocks
-        at once takes the same ones, in the same order as stepping would), and its finishes;
-        ``changes`` gains each step's blocks."""
+        """Take the run's KV blocks, cache its chunks' full blocks and free its finished
+        requests, as stepping would: a stretch between frees at a time, its frees after it.
+        Within a stretch nothing is freed, so taking its blocks at once takes the same ones
+        (and evicts the same cached ones) as step by step; a chunk's full blocks are cached
+        after them, which leaves the prefix cache as stepping does (an eviction and a caching
+        of the same key commute), in step and running order where several prompts prefill
+        (their keys may coincide, and the first cached is the one a hit takes). Taken across
+        frees, a chunk would evict cached blocks that a finish in the run spares.
+        ``changes`` gains each step's blocks; the chunks' progress is counted. Returns the
+        requests that finished, in order."""
         kv, size = self.kv, self.config.block_size
         lag = 1 if self.config.async_scheduling else 0
         stops = sorted(freeing)
@@ -478,72 +480,52 @@ class Scheduler:
                     while step >= stops[stretch]:
                         stretch += 1
                     takers[stretch].append((request, 1))
+        for request, chunk in run.chunks:
+            before = 0
+            for step in range(steps):
+                total = _prefill_blocks(request, chunk, step + 1, size)
+                changes[step] += total - before
+                before = total
+            start = 0
+            for stretch, stop in enumerate(stops):
+                end = min(stop, steps)
+                taken = _prefill_blocks(request, chunk, end, size) - start
+                if taken:
+                    takers[stretch].append((request, taken))
+                    start += taken
+        caching = kv.enable_caching and bool(run.chunks)
         finished: list[SimRequest] = []
+        begin = 0
         for stop, takes in zip(stops, takers, strict=True):
             fresh = kv.new_blocks(sum(count for _, count in takes)) if takes else []
             taken = 0
             for request, count in takes:
                 request.blocks += fresh[taken : taken + count]
                 taken += count
+            if caching:
+                self._cache_chunks(run.chunks, begin, min(stop, steps))
             if stop in freeing:
                 in_use = kv.num_used_blocks
                 finished += self._finish_run_requests(freeing[stop], times, lag)
                 if stop < steps:
                     changes[stop] -= in_use - kv.num_used_blocks
-        return finished
-
-    def _take_blocks_by_step(
-        self,
-        run: SteadyRun,
-        steps: int,
-        freeing: dict[int, list[SimRequest]],
-        times: array[float],
-        changes: list[int],
-    ) -> list[SimRequest]:
-        """A run with prefill chunks: its blocks taken and cached step by step in running
-        order, each step after the frees before it, as ``schedule()`` takes them. (A chunk's
-        blocks taken at once would take blocks a later finish frees from the eviction queue
-        instead, and cache its full blocks before other requests' in the same steps: with the
-        prefix cache, later hits could differ.) The chunks' progress is counted; ``changes``
-        gains each step's blocks. Returns the requests that finished."""
-        kv, size = self.kv, self.config.block_size
-        lag = 1 if self.config.async_scheduling else 0
-        caching = kv.enable_caching
-        position = {id(request): index for index, (request, _) in enumerate(run.order)}
-        takes: dict[int, list[tuple[int, SimRequest, int]]] = {}
-        """Step → (running position, request, chunk or 0 for a decode's next block)."""
-        for request, last in zip(run.decodes, run.lasts, strict=True):
-            first = len(request.blocks) * size - request.num_computed
-            for step in range(first, min(last, steps), size):
-                takes.setdefault(step, []).append((position[id(request)], request, 0))
-        for request, chunk in run.chunks:
-            entry = (position[id(request)], request, chunk)
-            for step in range(steps):
-                takes.setdefault(step, []).append(entry)
-        finished: list[SimRequest] = []
-        for step in range(steps):
-            if step in freeing:
-                in_use = kv.num_used_blocks
-                finished += self._finish_run_requests(freeing[step], times, lag)
-                changes[step] -= in_use - kv.num_used_blocks
-            for _, request, chunk in sorted(takes.get(step, ()), key=itemgetter(0)):
-                if chunk:
-                    known = request.num_computed + chunk * (step + 1)
-                    missing = -(-known // size) - len(request.blocks)
-                else:
-                    missing = 1
-                if missing > 0:
-                    request.blocks += kv.new_blocks(missing)
-                    changes[step] += missing
-                if chunk and caching:
-                    kv.cache_full_blocks(request, known)
-        if steps in freeing:
-            finished += self._finish_run_requests(freeing[steps], times, lag)
+            begin = stop
         for request, chunk in run.chunks:
             request.num_computed += chunk * steps
             if lag:
                 request.in_flight = chunk  # the run's last chunk
         return finished
+
+    def _cache_chunks(self, chunks: list[Scheduled], begin: int, end: int) -> None:
+        """Cache the full blocks the run's chunks fill in its steps ``begin`` to ``end``."""
+        cache = self.kv.cache_full_blocks
+        if len(chunks) == 1:
+            request, chunk = chunks[0]
+            cache(request, request.num_computed + chunk * end)
+            return
+        for step in range(begin + 1, end + 1):
+            for request, chunk in chunks:
+                cache(request, request.num_computed + chunk * step)
 
     def _finish_run_requests(
         self, requests: list[SimRequest], times: array[float], lag: int
