@@ -14,12 +14,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from prefill_tuner.engines.sim import SimConfig, StepRecord, simulate
-from prefill_tuner.engines.sim.cost_model import StepShape, load_profile, shape_of
+from prefill_tuner.engines.sim.cost_model import (
+    ConstantProfile,
+    FittedProfile,
+    StepShape,
+    load_profile,
+    shape_of,
+)
 from prefill_tuner.engines.sim.kernels import (
     KernelProfile,
     ModelShape,
@@ -330,6 +337,69 @@ def test_decode_runs_are_the_step_times_bit_for_bit() -> None:
             ]
             assert run.tolist() == singles
             assert p.decode_steps_seconds(requests, first, count) == singles
+
+
+def test_chunk_runs_are_the_step_times_bit_for_bit() -> None:
+    """A fast-forwarded run of decodes beside prefill chunks is timed on arrays: each step's
+    float is :meth:`step_seconds`' for that step's shape, on every profile kind, for contexts
+    inside, below and beyond the measured points."""
+    rng = random.Random(13)
+    linear = FittedProfile(
+        name="linear",
+        base_ms=4.0,
+        prefill_token_ms=0.02,
+        prefill_pair_ms=1e-6,
+        prefill_context_ms=1e-4,
+        decode_ms=0.05,
+        decode_squared_ms=1e-4,
+        decode_context_ms=3e-5,
+        request_ms=0.01,
+        host_ms=1.3,
+        host_request_ms=0.07,
+    )
+    kinds = (
+        profile(),
+        profile(QWEN3_32B, "b200_sxm", 4, "fp8"),
+        profile(gpu="a100_sxm", tp=2),
+        linear,
+        ConstantProfile(step_ms=7.0),
+    )
+    for p in kinds:
+        for _ in range(300):
+            decodes = rng.choice([0, 1, 3, 64, 700])
+            context = decodes * rng.choice([2, 30, 1500, 70_000]) + rng.randrange(decodes + 1)
+            chunks = [
+                (rng.choice([0, 5, 900, 60_000, 200_000]), rng.choice([1, 16, 64, 257, 2048]))
+                for _ in range(rng.randint(1, 3))
+            ]
+            count = rng.randrange(1, 50)
+            run = p.chunk_run_seconds(decodes, decodes + len(chunks), context, chunks, count)
+            singles = [
+                p.step_seconds(
+                    StepShape(
+                        **shape_fields(
+                            [(before + tokens * k, tokens) for before, tokens in chunks],
+                            decodes + len(chunks),
+                        ),
+                        decode_tokens=decodes,
+                        decode_context_tokens=context + decodes * k,
+                    )
+                )
+                for k in range(count)
+            ]
+            assert run.tolist() == singles, (p.name, decodes, context, chunks)
+
+
+def shape_fields(chunks: list[tuple[int, int]], requests: int) -> dict[str, Any]:
+    """The prefill half of a step's shape, as :func:`shape_of` makes it."""
+    shape = shape_of([(before, tokens, False) for before, tokens in chunks], requests)
+    return {
+        "prefill_tokens": shape.prefill_tokens,
+        "requests": requests,
+        "prefill_context_tokens": shape.prefill_context_tokens,
+        "prefill_attention_pairs": shape.prefill_attention_pairs,
+        "prefill_chunks": shape.prefill_chunks,
+    }
 
 
 def test_prefill_work_is_a_lower_bound_over_any_chunking() -> None:

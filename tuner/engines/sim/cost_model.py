@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -88,6 +89,18 @@ class ConstantProfile(BaseModel):
     def decode_steps_seconds(self, requests: int, first_context: int, steps: int) -> list[float]:
         """:meth:`decode_run_seconds` without numpy (cheaper for a few steps)."""
         return [self.step_ms / 1000.0] * steps
+
+    def chunk_run_seconds(
+        self,
+        decodes: int,
+        requests: int,
+        decode_context: int,
+        chunks: Sequence[tuple[int, int]],
+        steps: int,
+    ) -> np.ndarray:
+        """Durations of ``steps`` consecutive steps of decodes beside prefill chunks (see
+        :meth:`KernelProfile.chunk_run_seconds`)."""
+        return np.full(steps, self.step_ms / 1000.0)
 
     def prefill_work_seconds(self, tokens: int, pairs: int) -> float:
         """A lower bound of the device time any schedule spends prefilling ``tokens`` tokens
@@ -234,6 +247,40 @@ class FittedProfile(BaseModel):
             (fixed + slope * (first_context + requests * step) + 0.0) / 1000.0
             for step in range(steps)
         ]
+
+    def chunk_run_seconds(
+        self,
+        decodes: int,
+        requests: int,
+        decode_context: int,
+        chunks: Sequence[tuple[int, int]],
+        steps: int,
+    ) -> np.ndarray:
+        """Durations of ``steps`` consecutive steps of decodes beside prefill chunks (see
+        :meth:`KernelProfile.chunk_run_seconds`): :meth:`step_seconds`' floats, on arrays."""
+        step = np.arange(steps, dtype=np.int64)
+        tokens = sum(count for _, count in chunks)
+        pairs = np.zeros(steps, dtype=np.int64)
+        context = np.zeros(steps, dtype=np.int64)
+        for before, count in chunks:
+            now = before + count * step
+            pairs += count * now + count * (count + 1) // 2
+            context += now + count
+        fixed = (
+            self.base_ms
+            + self.decode_ms * decodes
+            + self.decode_squared_ms * decodes**2
+            + self.request_ms * requests
+            + self.host_ms
+            + self.host_request_ms * requests
+        )
+        total = fixed + self.decode_context_ms * (decode_context + decodes * step)
+        total = total + (
+            self.prefill_token_ms * tokens
+            + self.prefill_pair_ms * pairs
+            + self.prefill_context_ms * context
+        )
+        return np.asarray(total / 1000.0)
 
 
 StepModel = ConstantProfile | FittedProfile | KernelProfile

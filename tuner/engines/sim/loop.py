@@ -518,7 +518,7 @@ class _Loop:
         the run must stop (the next arrival), if known: how many steps are likely wanted."""
         if not run.chunks:
             return self._decode_durations(run, room)
-        return self._chunk_durations(run)
+        return self._chunk_durations(run, room)
 
     def _decode_durations(self, run: SteadyRun, room: int | None) -> Iterator[tuple[int, int]]:
         """A plain decode run's steps: a stretch at a time between finishes (the batch shrinks
@@ -570,21 +570,39 @@ class _Loop:
             yield from np.rint(seconds * NS).astype(np.int64).tolist()
             done, chunk = done + size, chunk * 4
 
-    def _chunk_durations(self, run: SteadyRun) -> Iterator[tuple[int, int]]:
-        """The steps of a run with prefill chunks, shaped as :func:`_shape` shapes them
-        (each in time linear in the chunks, not the requests)."""
+    def _chunk_durations(self, run: SteadyRun, room: int | None) -> Iterator[tuple[int, int]]:
+        """The steps of a run with prefill chunks, shaped as :func:`_shape` shapes them: as
+        a decode stretch is timed (:meth:`_decode_stretch`), the first step alone, the next
+        few without numpy when an arrival is likely to cut the run within
+        :data:`SCALAR_STEPS`, the rest a growing chunk at a time by the profile's
+        ``chunk_run_seconds`` (the same floats)."""
         count = len(run.decodes)
         context = sum(r.num_computed + 1 for r in run.decodes)
         requests = len(run.order)
-        step_seconds = self.profile.step_seconds
-        for step in range(run.steps):
-            shape = _shape_with_chunks(
-                count,
-                requests,
-                context + count * step,
-                [(r.num_computed + chunk * step, chunk) for r, chunk in run.chunks],
-            )
-            yield _ns(step_seconds(shape)), requests
+        chunks = [(r.num_computed, chunk) for r, chunk in run.chunks]
+        profile, steps = self.profile, run.steps
+
+        def scalar(step: int) -> int:
+            now = [(before + chunk * step, chunk) for before, chunk in chunks]
+            shape = _shape_with_chunks(count, requests, context + count * step, now)
+            return _ns(profile.step_seconds(shape))
+
+        ticks = scalar(0)
+        yield ticks, requests
+        done = 1
+        likely = steps if room is None else min(steps, room // max(ticks, 1) + 1)
+        if likely <= SCALAR_STEPS:
+            for step in range(1, min(SCALAR_STEPS, steps)):
+                yield scalar(step), requests
+            done = min(SCALAR_STEPS, steps)
+        size = DURATION_CHUNK
+        while done < steps:
+            size = min(size, steps - done)
+            now = [(before + chunk * done, chunk) for before, chunk in chunks]
+            seconds = profile.chunk_run_seconds(count, requests, context + count * done, now, size)
+            for ticks in np.rint(seconds * NS).astype(np.int64).tolist():
+                yield ticks, requests
+            done, size = done + size, size * 4
 
     def _sync_steady_run(self, clock: int, arrival: int | None) -> int | None:
         """Apply the steps of fixed composition that start now (:meth:`Scheduler.steady_run`),

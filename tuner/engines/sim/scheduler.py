@@ -481,11 +481,13 @@ class Scheduler:
                         stretch += 1
                     takers[stretch].append((request, 1))
         for request, chunk in run.chunks:
+            have, computed = len(request.blocks), request.num_computed
+            ends = range(computed + chunk, computed + chunk * steps + 1, chunk)
             before = 0
-            for step in range(steps):
-                total = _prefill_blocks(request, chunk, step + 1, size)
-                changes[step] += total - before
-                before = total
+            for step, total in enumerate([max(-(-end // size) - have, 0) for end in ends]):
+                if total != before:
+                    changes[step] += total - before
+                    before = total
             start = 0
             for stretch, stop in enumerate(stops):
                 end = min(stop, steps)
@@ -517,11 +519,17 @@ class Scheduler:
         return finished
 
     def _cache_chunks(self, chunks: list[Scheduled], begin: int, end: int) -> None:
-        """Cache the full blocks the run's chunks fill in its steps ``begin`` to ``end``."""
-        cache = self.kv.cache_full_blocks
-        if len(chunks) == 1:
-            request, chunk = chunks[0]
-            cache(request, request.num_computed + chunk * end)
+        """Cache the full blocks the run's chunks fill in its steps ``begin`` to ``end``:
+        step by step in running order if more than one of them registers a block another
+        request could find, else each at once."""
+        cache, size = self.kv.cache_full_blocks, self.config.block_size
+        registering = 0
+        for request, chunk in chunks:
+            full = (request.num_computed + chunk * end) // size
+            registering += request.num_cached_blocks < min(full, request.shareable_tokens // size)
+        if registering <= 1:
+            for request, chunk in chunks:
+                cache(request, request.num_computed + chunk * end)
             return
         for step in range(begin + 1, end + 1):
             for request, chunk in chunks:

@@ -270,6 +270,33 @@ class KernelProfile(BaseModel):
         attention = derived.decode_many(requests, context / requests)
         return (base + attention) + (derived.host_fixed + derived.host_per_request * requests)
 
+    def chunk_run_seconds(
+        self,
+        decodes: int,
+        requests: int,
+        decode_context: int,
+        chunks: Sequence[tuple[int, int]],
+        steps: int,
+    ) -> np.ndarray:
+        """Durations of ``steps`` consecutive steps of ``decodes`` decodes, whose contexts sum
+        to ``decode_context`` in the first step and grow by one token each per step, and the
+        prefill ``chunks`` ``(tokens computed before, tokens)``, each after one more chunk per
+        step, ``requests`` scheduled in all: element by element the floats
+        :meth:`step_seconds` gives for such steps' shapes (the same operations, in the same
+        order, on arrays; every integer far below 2**53, so exact as a float)."""
+        derived = self._get()
+        step = np.arange(steps, dtype=np.int64)
+        tokens = decodes + sum(count for _, count in chunks)
+        total = np.full(steps, derived.tokens(tokens) + derived.requests(requests))
+        if decodes:
+            context = decode_context + decodes * step
+            total = total + derived.decode_many(decodes, context / decodes)
+        if chunks:
+            total = total + derived.prefill_many(
+                [(before + count * step, count) for before, count in chunks]
+            )
+        return total + (derived.host_fixed + derived.host_per_request * requests)
+
     def decode_steps_seconds(self, requests: int, first_context: int, steps: int) -> list[float]:
         """:meth:`decode_run_seconds` without numpy (cheaper for a few steps): each step's
         float as :meth:`step_seconds` computes it, the parts that do not change hoisted."""
@@ -363,6 +390,9 @@ class _Derived:
     ctx_x: list[float]
     ctx_root: list[float]
     ctx_root_slope: list[float]
+    ctx_x_np: np.ndarray
+    ctx_root_np: np.ndarray
+    ctx_root_slope_np: np.ndarray
     ctx_last: float
     token_floor: float
     pair_floor: float
@@ -476,6 +506,9 @@ class _Derived:
             ctx_x=ctx_x.tolist(),
             ctx_root=root.tolist(),
             ctx_root_slope=root_slope.tolist(),
+            ctx_x_np=ctx_x,
+            ctx_root_np=root,
+            ctx_root_slope_np=root_slope,
             ctx_last=float(ctx[-1]),
             token_floor=token_floor,
             pair_floor=pair_floor,
@@ -526,25 +559,25 @@ class _Derived:
         low = self._row(i, j, kv)
         return low + weight * (self._row(i + 1, j, kv) - low)
 
-    def _rows(self, i: int, kv: np.ndarray) -> np.ndarray:
-        x = self.kv_np
-        j = np.searchsorted(x, kv, side="right") - 1
-        inner = np.clip(j, 0, x.size - 2)
-        middle = self.grid_np[i][inner] + (kv - x[inner]) * self.grid_slope_np[i][inner]
-        above = self.grid_np[i][-1] * (kv / x[-1])
-        return np.where(j >= x.size - 1, above, np.where(j < 0, self.grid_np[i][0], middle))
+    def _rows(self, i: int, kv: np.ndarray, at: _Brackets) -> np.ndarray:
+        """:meth:`_row` at each of ``kv``, bracketed by ``at``."""
+        inner, above, below = at
+        grid, slope, x = self.grid_np[i], self.grid_slope_np[i], self.kv_np
+        middle = grid[inner] + (kv - x[inner]) * slope[inner]
+        return np.where(above, grid[-1] * (kv / x[-1]), np.where(below, grid[0], middle))
 
     def decode_many(self, batch: int, kv: np.ndarray) -> np.ndarray:
         """:meth:`decode` at each of ``kv``: the same operations on arrays."""
         b = self.batch
         i = bisect_right(b, batch) - 1
+        at = _brackets(self.kv_np, kv)
         if i < 0:
-            return self._rows(0, kv)
+            return self._rows(0, kv, at)
         if i >= len(b) - 1:
-            return self._rows(len(b) - 1, kv) * (batch / b[-1])
+            return self._rows(len(b) - 1, kv, at) * (batch / b[-1])
         weight = (batch - b[i]) / (b[i + 1] - b[i])
-        low = self._rows(i, kv)
-        return low + weight * (self._rows(i + 1, kv) - low)
+        low = self._rows(i, kv, at)
+        return low + weight * (self._rows(i + 1, kv, at) - low)
 
     def context(self, length: int) -> float:
         """Causal attention of one sequence of ``length`` tokens, no prior context."""
@@ -558,6 +591,28 @@ class _Derived:
         root = self.ctx_root[j] + (length - x[j]) * self.ctx_root_slope[j]
         return root * root
 
+    def context_many(self, length: np.ndarray) -> np.ndarray:
+        """:meth:`context` at each of ``length`` (integers): the same operations on arrays."""
+        x, root, slope = self.ctx_x_np, self.ctx_root_np, self.ctx_root_slope_np
+        inner, above, below = _brackets(x, length)
+        middle = root[inner] + (length - x[inner]) * slope[inner]
+        last = float(x[-1])
+        beyond = self.ctx_last * ((length * (length + 1)) / (last * (last + 1)))
+        first = float(root[0])
+        return np.where(above, beyond, np.where(below, first * first, middle * middle))
+
+    def prefill_many(self, chunks: Sequence[tuple[np.ndarray, int]]) -> np.ndarray:
+        """:meth:`prefill` of steps whose chunks are ``(tokens before, tokens)`` with the
+        tokens before an integer array (one element per step): the same operations on
+        arrays, chunk by chunk in order."""
+        total: np.ndarray | float = 0.0
+        for before, count in chunks:
+            length = before + count
+            pairs = count * before + count * (count + 1) // 2
+            share = self.context_many(length) * (pairs / (length * (length + 1) // 2))
+            total = total + np.maximum(share, self.decode_many(1, length.astype(np.float64)))
+        return np.asarray(total)
+
     def prefill(self, chunks: Sequence[tuple[int, int]]) -> float:
         """Context attention of each chunk ``(prior, tokens)``: the full causal attention of
         its ``prior + tokens`` scaled by the share of query-key pairs the chunk computes
@@ -570,6 +625,17 @@ class _Derived:
             share = self.context(length) * (pairs / (length * (length + 1) // 2))
             total += max(share, self.decode(1, float(length)))
         return total
+
+
+_Brackets = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Per point: the segment of a curve's x it falls in (the first or the last beyond the ends),
+whether it lies at or beyond the last x, and whether before the first."""
+
+
+def _brackets(x: np.ndarray, at: np.ndarray) -> _Brackets:
+    """Where each of ``at`` falls on the increasing ``x`` (``bisect_right(x, a) - 1``, kept to
+    a segment's start, and the two ends' tests)."""
+    return np.searchsorted(x[1:-1], at, side="right"), at >= x[-1], at < x[0]
 
 
 def _least_per_pair(x: np.ndarray, root: np.ndarray, slope: np.ndarray) -> float:
