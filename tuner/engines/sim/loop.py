@@ -24,9 +24,12 @@ engine sees it then, exactly as it sees an arrival at that time.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import accumulate, repeat
+from operator import add, sub, truediv
 
 import numpy as np
 
@@ -512,15 +515,18 @@ class _Loop:
             if finished and self.on_finish is not None:
                 self.on_finish(finished, step.end)
 
-    def _run_durations(self, run: SteadyRun, room: int | None) -> Iterator[tuple[int, int]]:
-        """Each step of ``run``: its total (device and host) time in ticks, as stepping would
-        compute it (the same floats), and the requests it schedules. ``room``: the ticks until
-        the run must stop (the next arrival), if known: how many steps are likely wanted."""
+    def _run_durations(self, run: SteadyRun, room: int | None) -> Iterator[tuple[list[int], int]]:
+        """The steps of ``run``, a block at a time: their total (device and host) times in
+        ticks, as stepping would compute them (the same floats), and the requests each of
+        the block's steps schedules. ``room``: the ticks until the run must stop (the next
+        arrival), if known: how many steps are likely wanted."""
         if not run.chunks:
             return self._decode_durations(run, room)
         return self._chunk_durations(run, room)
 
-    def _decode_durations(self, run: SteadyRun, room: int | None) -> Iterator[tuple[int, int]]:
+    def _decode_durations(
+        self, run: SteadyRun, room: int | None
+    ) -> Iterator[tuple[list[int], int]]:
         """A plain decode run's steps: a stretch at a time between finishes (the batch shrinks
         by the requests whose last step has passed)."""
         count = len(run.decodes)
@@ -535,12 +541,12 @@ class _Loop:
         start = 0
         for stop in [*sorted(leaving), run.steps]:
             if stop > start:
-                for ticks in self._decode_stretch(
+                for block in self._decode_stretch(
                     count, context + count * start, stop - start, room
                 ):
-                    yield ticks, count
+                    yield block, count
                     if room is not None:
-                        room -= ticks
+                        room -= sum(block)
             if stop in leaving:
                 count -= leaving[stop][0]
                 context -= leaving[stop][1]
@@ -548,32 +554,32 @@ class _Loop:
 
     def _decode_stretch(
         self, count: int, context: int, steps: int, room: int | None
-    ) -> Iterator[int]:
+    ) -> Iterator[list[int]]:
         """``steps`` plain decode steps of ``count`` requests whose contexts sum to ``context``
-        in the first. When the first step's time says that fewer than :data:`SCALAR_STEPS`
-        fit in ``room``, those are timed without numpy (whose fixed cost is that of many
-        steps); the rest a growing chunk at a time by the profile's ``decode_run_seconds``."""
+        in the first, a block at a time. When the first step's time says that fewer than
+        :data:`SCALAR_STEPS` fit in ``room``, those are timed without numpy (whose fixed cost
+        is that of many steps); the rest a growing chunk at a time by the profile's
+        ``decode_run_seconds``."""
         (first,) = self.profile.decode_steps_seconds(count, context, 1)
         ticks = _ns(first)
-        yield ticks
+        yield [ticks]
         done = 1
         likely = steps if room is None else min(steps, room // max(ticks, 1) + 1)
-        if likely <= SCALAR_STEPS:
+        if likely <= SCALAR_STEPS and steps > 1:
             scalar = min(SCALAR_STEPS, steps) - 1
-            for one in self.profile.decode_steps_seconds(count, context + count, scalar):
-                yield _ns(one)
+            yield list(map(_ns, self.profile.decode_steps_seconds(count, context + count, scalar)))
             done += scalar
         chunk = DURATION_CHUNK
         while done < steps:
             size = min(chunk, steps - done)
             seconds = self.profile.decode_run_seconds(count, context + count * done, size)
-            yield from np.rint(seconds * NS).astype(np.int64).tolist()
+            yield np.rint(seconds * NS).astype(np.int64).tolist()
             done, chunk = done + size, chunk * 4
 
-    def _chunk_durations(self, run: SteadyRun, room: int | None) -> Iterator[tuple[int, int]]:
-        """The steps of a run with prefill chunks, shaped as :func:`_shape` shapes them: as
-        a decode stretch is timed (:meth:`_decode_stretch`), the first step alone, the next
-        few without numpy when an arrival is likely to cut the run within
+    def _chunk_durations(self, run: SteadyRun, room: int | None) -> Iterator[tuple[list[int], int]]:
+        """The steps of a run with prefill chunks, shaped as :func:`_shape` shapes them, a
+        block at a time as a decode stretch's (:meth:`_decode_stretch`): the first step
+        alone, the next few without numpy when an arrival is likely to cut the run within
         :data:`SCALAR_STEPS`, the rest a growing chunk at a time by the profile's
         ``chunk_run_seconds`` (the same floats)."""
         count = len(run.decodes)
@@ -588,20 +594,18 @@ class _Loop:
             return _ns(profile.step_seconds(shape))
 
         ticks = scalar(0)
-        yield ticks, requests
+        yield [ticks], requests
         done = 1
         likely = steps if room is None else min(steps, room // max(ticks, 1) + 1)
-        if likely <= SCALAR_STEPS:
-            for step in range(1, min(SCALAR_STEPS, steps)):
-                yield scalar(step), requests
+        if likely <= SCALAR_STEPS and steps > 1:
             done = min(SCALAR_STEPS, steps)
+            yield [scalar(step) for step in range(1, done)], requests
         size = DURATION_CHUNK
         while done < steps:
             size = min(size, steps - done)
             now = [(before + chunk * done, chunk) for before, chunk in chunks]
             seconds = profile.chunk_run_seconds(count, requests, context + count * done, now, size)
-            for ticks in np.rint(seconds * NS).astype(np.int64).tolist():
-                yield ticks, requests
+            yield np.rint(seconds * NS).astype(np.int64).tolist(), requests
             done, size = done + size, size * 4
 
     def _sync_steady_run(self, clock: int, arrival: int | None) -> int | None:
@@ -616,17 +620,24 @@ class _Loop:
         ends: list[int] = []
         start = clock
         room = None if arrival is None else arrival - clock
-        for duration, _ in self._run_durations(run, room):
-            if arrival is not None and start >= arrival:
-                break  # a step starting at or after the next arrival would admit it
-            starts.append(start)
-            start += duration
-            ends.append(start)
+        for block, _ in self._run_durations(run, room):
+            marks = list(accumulate(block, initial=start))
+            begins = marks[:-1]
+            if arrival is not None and begins[-1] >= arrival:
+                # A step starting at or after the next arrival would admit it.
+                cut = bisect_left(begins, arrival)
+                starts += begins[:cut]
+                ends += marks[1 : cut + 1]
+                break
+            starts += begins
+            ends += marks[1:]
+            start = marks[-1]
         steps = len(starts)
         if steps < MIN_RUN:
             return None
         records = _RunRecords(run, steps) if self.on_step is not None else None
-        used, finished = scheduler.apply_steady_run(run, steps, [end / NS for end in ends])
+        times = list(map(truediv, ends, repeat(NS)))
+        used, finished = scheduler.apply_steady_run(run, steps, times)
         self.peak_blocks = max(self.peak_blocks, *used)
         self._emit_run(records, starts, ends, used)
         self.busy += ends[-1] - starts[0]  # back to back
@@ -646,23 +657,38 @@ class _Loop:
             return None
         arrival = self._upcoming()
         previous = queue[0]
-        previous_end = device_free = previous.end
+        device_free = previous.end
         starts: list[int] = []
         ends: list[int] = []
         counted, host_part = -1, 0
         room = None if arrival is None else arrival - host
-        for total, count in self._run_durations(run, room):
-            if starts and arrival is not None and arrival <= host:
-                break  # this step's schedule() would see the arrival
+        # Step k launches once the host has applied step k-1's predecessor, its host part
+        # done (launch = host + host part), and starts when the device is free too; the host
+        # then waits for step k-1's output and applies it, at max(launch, its end), which is
+        # step k's start. So each step starts max(device part, host part) after the one
+        # before, and the run stops before a step whose schedule() (the host, at the start
+        # of the step before) would see the arrival.
+        previous_device = 0
+        for block, count in self._run_durations(run, room):
             if count != counted:
                 counted, host_part = count, _ns(profile.host_seconds(count))
-            launch = host + host_part
-            start = max(device_free, launch)
-            device_free = start + total - host_part
-            starts.append(start)
-            ends.append(device_free)
-            host = max(launch, previous_end)  # waits for, then applies, the step before
-            previous_end = device_free
+            devices = list(map(sub, block, repeat(host_part, len(block))))
+            if starts:
+                first = starts[-1] + max(previous_device, host_part)
+            else:
+                first = max(device_free, host + host_part)
+            gaps = map(max, devices[:-1], repeat(host_part, len(devices) - 1))
+            begins = list(accumulate(gaps, initial=first))
+            taken = len(begins)
+            if arrival is not None and begins[-1] >= arrival:
+                taken = bisect_left(begins, arrival) + 1
+            del begins[taken:], devices[taken:]
+            starts += begins
+            ends += map(add, begins, devices)
+            previous_device = devices[-1]
+            if arrival is not None and arrival <= starts[-1]:
+                break  # the next step's schedule() would see the arrival
+        host, device_free = starts[-1], ends[-1]
         steps = len(starts)
         if steps < MIN_RUN:
             return None
@@ -672,7 +698,7 @@ class _Loop:
         self._emit(previous, [])  # (nobody's last token was in it)
         arrived = [previous.end, *ends[:-1]]
         chunks = [(r.num_computed + chunk * (steps - 1), chunk) for r, chunk in run.chunks]
-        used, _ = scheduler.apply_steady_run(run, steps, [end / NS for end in arrived])
+        used, _ = scheduler.apply_steady_run(run, steps, list(map(truediv, arrived, repeat(NS))))
         self.peak_blocks = max(self.peak_blocks, *used)
         self._emit_run(records, starts[:-1], ends[:-1], used[:-1])
         last = records.plan(steps - 1)
