@@ -22,7 +22,6 @@ import pytest
 from prefill_tuner.engines.sim import SimConfig, StepRecord, simulate
 from prefill_tuner.engines.sim.cost_model import (
     ConstantProfile,
-    FittedProfile,
     StepShape,
     load_profile,
     shape_of,
@@ -40,6 +39,7 @@ from prefill_tuner.engines.sim.kernels.tables import DATA_DIR, gpu_tables
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace import ShapeOptions, load_trace
 from tests.conftest import MOONCAKE, ROOT
+from tests.support.sim_scenarios import LINEAR
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
@@ -344,24 +344,11 @@ def test_chunk_runs_are_the_step_times_bit_for_bit() -> None:
     float is :meth:`step_seconds`' for that step's shape, on every profile kind, for contexts
     inside, below and beyond the measured points."""
     rng = random.Random(13)
-    linear = FittedProfile(
-        name="linear",
-        base_ms=4.0,
-        prefill_token_ms=0.02,
-        prefill_pair_ms=1e-6,
-        prefill_context_ms=1e-4,
-        decode_ms=0.05,
-        decode_squared_ms=1e-4,
-        decode_context_ms=3e-5,
-        request_ms=0.01,
-        host_ms=1.3,
-        host_request_ms=0.07,
-    )
     kinds = (
         profile(),
         profile(QWEN3_32B, "b200_sxm", 4, "fp8"),
         profile(gpu="a100_sxm", tp=2),
-        linear,
+        LINEAR,
         ConstantProfile(step_ms=7.0),
     )
     for p in kinds:

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from prefill_tuner.engines.sim import (
     ConstantProfile,
-    FittedProfile,
     SimConfig,
     StepRecord,
     load_profile,
@@ -30,7 +29,7 @@ from prefill_tuner.objectives.metrics import summarize_run
 from prefill_tuner.trace import ShapeOptions, load_trace
 from prefill_tuner.trace.model import Request, Trace
 from tests.conftest import AZURE, MOONCAKE
-from tests.support.sim_scenarios import random_scenario
+from tests.support.sim_scenarios import LINEAR, random_scenario
 
 H100 = load_profile("llama-3.1-8b-h100")
 
@@ -107,21 +106,6 @@ def test_fast_forward_is_exact_on_random_scenarios(
     trace, config = random_scenario(seed, async_scheduling=async_scheduling)
     assert_identical(both_ways(trace, config, ConstantProfile(step_ms=7.0), limit))
     assert_identical(both_ways(trace, config, H100, limit))
-
-
-LINEAR = FittedProfile(
-    name="linear",
-    base_ms=4.0,
-    prefill_token_ms=0.02,
-    prefill_pair_ms=1e-6,
-    prefill_context_ms=1e-4,
-    decode_ms=0.05,
-    decode_squared_ms=1e-4,
-    decode_context_ms=3e-5,
-    request_ms=0.01,
-    host_ms=1.3,
-    host_request_ms=0.07,
-)
 
 
 @contextlib.contextmanager

@@ -7,7 +7,24 @@ from __future__ import annotations
 import numpy as np
 
 from prefill_tuner.engines.sim.config import SimConfig
+from prefill_tuner.engines.sim.cost_model import FittedProfile
 from prefill_tuner.trace.model import Request, Trace
+
+LINEAR = FittedProfile(
+    name="linear",
+    base_ms=4.0,
+    prefill_token_ms=0.02,
+    prefill_pair_ms=1e-6,
+    prefill_context_ms=1e-4,
+    decode_ms=0.05,
+    decode_squared_ms=1e-4,
+    decode_context_ms=3e-5,
+    request_ms=0.01,
+    host_ms=1.3,
+    host_request_ms=0.07,
+)
+"""A fitted profile with every term non-zero (a host part included): fast-forwarded runs
+must give its floats exactly as stepping does."""
 
 
 def random_scenario(seed: int, *, async_scheduling: bool = False) -> tuple[Trace, SimConfig]:
