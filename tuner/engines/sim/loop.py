@@ -292,7 +292,8 @@ timed without numpy (whose fixed cost per call is that of many steps); a longer 
 chunk at a time."""
 
 DURATION_CHUNK = 32
-"""Decode-step durations computed at once after those (then 4× as many each time)."""
+"""Step durations computed at once after those: at least this many, or the steps the next
+arrival likely leaves room for and a quarter more (then 4× as many each time)."""
 
 
 @dataclass(slots=True)
@@ -569,7 +570,7 @@ class _Loop:
             scalar = min(SCALAR_STEPS, steps) - 1
             yield list(map(_ns, self.profile.decode_steps_seconds(count, context + count, scalar)))
             done += scalar
-        chunk = DURATION_CHUNK
+        chunk = max(DURATION_CHUNK, likely + likely // 4 - done)
         while done < steps:
             size = min(chunk, steps - done)
             seconds = self.profile.decode_run_seconds(count, context + count * done, size)
@@ -600,7 +601,7 @@ class _Loop:
         if likely <= SCALAR_STEPS and steps > 1:
             done = min(SCALAR_STEPS, steps)
             yield [scalar(step) for step in range(1, done)], requests
-        size = DURATION_CHUNK
+        size = max(DURATION_CHUNK, likely + likely // 4 - done)
         while done < steps:
             size = min(size, steps - done)
             now = [(before + chunk * done, chunk) for before, chunk in chunks]
