@@ -561,13 +561,17 @@ class _Derived:
 
     def _rows(self, i: int, kv: np.ndarray, at: _Brackets) -> np.ndarray:
         """:meth:`_row` at each of ``kv``, bracketed by ``at``."""
-        inner, above, below = at
+        inner, ends = at
         grid, slope, x = self.grid_np[i], self.grid_slope_np[i], self.kv_np
         middle = grid[inner] + (kv - x[inner]) * slope[inner]
+        if ends is None:
+            return middle
+        above, below = ends
         return np.where(above, grid[-1] * (kv / x[-1]), np.where(below, grid[0], middle))
 
     def decode_many(self, batch: int, kv: np.ndarray) -> np.ndarray:
-        """:meth:`decode` at each of ``kv``: the same operations on arrays."""
+        """:meth:`decode` at each of ``kv`` (non-decreasing): the same operations on
+        arrays."""
         b = self.batch
         i = bisect_right(b, batch) - 1
         at = _brackets(self.kv_np, kv)
@@ -592,10 +596,14 @@ class _Derived:
         return root * root
 
     def context_many(self, length: np.ndarray) -> np.ndarray:
-        """:meth:`context` at each of ``length`` (integers): the same operations on arrays."""
+        """:meth:`context` at each of ``length`` (non-decreasing integers): the same
+        operations on arrays."""
         x, root, slope = self.ctx_x_np, self.ctx_root_np, self.ctx_root_slope_np
-        inner, above, below = _brackets(x, length)
+        inner, ends = _brackets(x, length)
         middle = root[inner] + (length - x[inner]) * slope[inner]
+        if ends is None:
+            return middle * middle
+        above, below = ends
         last = float(x[-1])
         beyond = self.ctx_last * ((length * (length + 1)) / (last * (last + 1)))
         first = float(root[0])
@@ -627,15 +635,20 @@ class _Derived:
         return total
 
 
-_Brackets = tuple[np.ndarray, np.ndarray, np.ndarray]
-"""Per point: the segment of a curve's x it falls in (the first or the last beyond the ends),
-whether it lies at or beyond the last x, and whether before the first."""
+_Brackets = tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]
+"""Per point: the segment of a curve's x it falls in (the first or the last beyond the ends);
+and, unless no point lies outside the curve (``None``), whether each lies at or beyond the
+last x, and whether before the first."""
 
 
 def _brackets(x: np.ndarray, at: np.ndarray) -> _Brackets:
-    """Where each of ``at`` falls on the increasing ``x`` (``bisect_right(x, a) - 1``, kept to
-    a segment's start, and the two ends' tests)."""
-    return np.searchsorted(x[1:-1], at, side="right"), at >= x[-1], at < x[0]
+    """Where each of the non-decreasing ``at`` falls on the increasing ``x``
+    (``bisect_right(x, a) - 1``, kept to a segment's start, and the two ends' tests, which
+    the first and last points settle for all when both lie inside)."""
+    inner = np.searchsorted(x[1:-1], at, side="right")
+    if at.size == 0 or (at[0] >= x[0] and at[-1] < x[-1]):
+        return inner, None
+    return inner, (at >= x[-1], at < x[0])
 
 
 def _least_per_pair(x: np.ndarray, root: np.ndarray, slope: np.ndarray) -> float:
