@@ -99,6 +99,20 @@ def _prefill_blocks(request: SimRequest, chunk: int, steps: int, size: int) -> i
     return max(need - len(request.blocks), 0)
 
 
+def _add_chunk_blocks(
+    by_step: list[int], request: SimRequest, chunk: int, steps: int, size: int
+) -> None:
+    """Add to ``by_step`` the new KV blocks each of ``steps`` chunks of ``chunk`` tokens
+    takes for ``request``."""
+    have, computed = len(request.blocks), request.num_computed
+    ends = range(computed + chunk, computed + chunk * steps + 1, chunk)
+    before = 0
+    for step, total in enumerate([max(-(-end // size) - have, 0) for end in ends]):
+        if total != before:
+            by_step[step] += total - before
+            before = total
+
+
 class Scheduler:
     """The waiting queue, the running list and the KV cache, stepped like vLLM's scheduler."""
 
@@ -363,11 +377,7 @@ class Scheduler:
             for step in allocations:
                 needs_by_step[step] += 1
         for request, chunk in chunks:
-            before = 0
-            for step in range(steps):
-                total = _prefill_blocks(request, chunk, step + 1, size)
-                needs_by_step[step] += total - before
-                before = total
+            _add_chunk_blocks(needs_by_step, request, chunk, steps, size)
         for step, total in enumerate(accumulate(needs_by_step)):
             if total > free:
                 return step
@@ -481,13 +491,7 @@ class Scheduler:
                         stretch += 1
                     takers[stretch].append((request, 1))
         for request, chunk in run.chunks:
-            have, computed = len(request.blocks), request.num_computed
-            ends = range(computed + chunk, computed + chunk * steps + 1, chunk)
-            before = 0
-            for step, total in enumerate([max(-(-end // size) - have, 0) for end in ends]):
-                if total != before:
-                    changes[step] += total - before
-                    before = total
+            _add_chunk_blocks(changes, request, chunk, steps, size)
             start = 0
             for stretch, stop in enumerate(stops):
                 end = min(stop, steps)
