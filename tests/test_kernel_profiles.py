@@ -375,6 +375,8 @@ def test_chunk_runs_are_the_step_times_bit_for_bit() -> None:
                 for k in range(count)
             ]
             assert run.tolist() == singles, (p.name, decodes, context, chunks)
+            scalar = p.chunk_steps_seconds(decodes, decodes + len(chunks), context, chunks, count)
+            assert scalar == singles, (p.name, decodes, context, chunks)
 
 
 def shape_fields(chunks: list[tuple[int, int]], requests: int) -> dict[str, Any]:

@@ -102,6 +102,17 @@ class ConstantProfile(BaseModel):
         :meth:`KernelProfile.chunk_run_seconds`)."""
         return np.full(steps, self.step_ms / 1000.0)
 
+    def chunk_steps_seconds(
+        self,
+        decodes: int,
+        requests: int,
+        decode_context: int,
+        chunks: Sequence[tuple[int, int]],
+        steps: int,
+    ) -> list[float]:
+        """:meth:`chunk_run_seconds` without numpy (cheaper for a few steps)."""
+        return [self.step_ms / 1000.0] * steps
+
     def prefill_work_seconds(self, tokens: int, pairs: int) -> float:
         """A lower bound of the device time any schedule spends prefilling ``tokens`` tokens
         with ``pairs`` query-key pairs, additive over requests and chunks: none here (a step
@@ -281,6 +292,41 @@ class FittedProfile(BaseModel):
             + self.prefill_context_ms * context
         )
         return np.asarray(total / 1000.0)
+
+    def chunk_steps_seconds(
+        self,
+        decodes: int,
+        requests: int,
+        decode_context: int,
+        chunks: Sequence[tuple[int, int]],
+        steps: int,
+    ) -> list[float]:
+        """:meth:`chunk_run_seconds` without numpy (cheaper for a few steps): the same floats,
+        as :meth:`step_seconds` computes them."""
+        tokens = sum(count for _, count in chunks)
+        fixed = (
+            self.base_ms
+            + self.decode_ms * decodes
+            + self.decode_squared_ms * decodes**2
+            + self.request_ms * requests
+            + self.host_ms
+            + self.host_request_ms * requests
+        )
+        times: list[float] = []
+        for step in range(steps):
+            pairs = context = 0
+            for before, count in chunks:
+                now = before + count * step
+                pairs += count * now + count * (count + 1) // 2
+                context += now + count
+            total = fixed + self.decode_context_ms * (decode_context + decodes * step)
+            total += (
+                self.prefill_token_ms * tokens
+                + self.prefill_pair_ms * pairs
+                + self.prefill_context_ms * context
+            )
+            times.append(total / 1000.0)
+        return times
 
 
 StepModel = ConstantProfile | FittedProfile | KernelProfile

@@ -580,27 +580,24 @@ class _Loop:
     def _chunk_durations(self, run: SteadyRun, room: int | None) -> Iterator[tuple[list[int], int]]:
         """The steps of a run with prefill chunks, shaped as :func:`_shape` shapes them, a
         block at a time as a decode stretch's (:meth:`_decode_stretch`): the first step
-        alone, the next few without numpy when an arrival is likely to cut the run within
-        :data:`SCALAR_STEPS`, the rest a growing chunk at a time by the profile's
-        ``chunk_run_seconds`` (the same floats)."""
+        alone, the next few without numpy (the profile's ``chunk_steps_seconds``) when an
+        arrival is likely to cut the run within :data:`SCALAR_STEPS`, the rest a growing
+        chunk at a time by its ``chunk_run_seconds`` (the same floats)."""
         count = len(run.decodes)
         context = sum(r.num_computed + 1 for r in run.decodes)
         requests = len(run.order)
         chunks = [(r.num_computed, chunk) for r, chunk in run.chunks]
         profile, steps = self.profile, run.steps
-
-        def scalar(step: int) -> int:
-            now = [(before + chunk * step, chunk) for before, chunk in chunks]
-            shape = _shape_with_chunks(count, requests, context + count * step, now)
-            return _ns(profile.step_seconds(shape))
-
-        ticks = scalar(0)
+        (first,) = profile.chunk_steps_seconds(count, requests, context, chunks, 1)
+        ticks = _ns(first)
         yield [ticks], requests
         done = 1
         likely = steps if room is None else min(steps, room // max(ticks, 1) + 1)
         if likely <= SCALAR_STEPS and steps > 1:
             done = min(SCALAR_STEPS, steps)
-            yield [scalar(step) for step in range(1, done)], requests
+            now = [(before + chunk, chunk) for before, chunk in chunks]
+            seconds = profile.chunk_steps_seconds(count, requests, context + count, now, done - 1)
+            yield list(map(_ns, seconds)), requests
         size = max(DURATION_CHUNK, likely + likely // 4 - done)
         while done < steps:
             size = min(size, steps - done)

@@ -309,6 +309,31 @@ class KernelProfile(BaseModel):
             for step in range(steps)
         ]
 
+    def chunk_steps_seconds(
+        self,
+        decodes: int,
+        requests: int,
+        decode_context: int,
+        chunks: Sequence[tuple[int, int]],
+        steps: int,
+    ) -> list[float]:
+        """:meth:`chunk_run_seconds` without numpy (cheaper for a few steps): each step's
+        float as :meth:`step_seconds` computes it, the parts that do not change hoisted."""
+        derived = self._get()
+        tokens = decodes + sum(count for _, count in chunks)
+        base = derived.tokens(tokens) + derived.requests(requests)
+        host = derived.host_fixed + derived.host_per_request * requests
+        decode, prefill = derived.decode, derived.prefill
+        times: list[float] = []
+        for step in range(steps):
+            total = base
+            if decodes:
+                total += decode(decodes, (decode_context + decodes * step) / decodes)
+            if chunks:
+                total += prefill([(before + count * step, count) for before, count in chunks])
+            times.append(total + host)
+        return times
+
     def prefill_work_seconds(self, tokens: int, pairs: int) -> float:
         """A lower bound of the device time any schedule spends prefilling ``tokens`` tokens
         with ``pairs`` query-key pairs, additive over requests and chunks: the least the
