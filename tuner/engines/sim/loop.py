@@ -596,8 +596,8 @@ class _Loop:
         if likely <= SCALAR_STEPS and steps > 1:
             done = min(SCALAR_STEPS, steps)
             now = [(before + chunk, chunk) for before, chunk in chunks]
-            seconds = profile.chunk_steps_seconds(count, requests, context + count, now, done - 1)
-            yield list(map(_ns, seconds)), requests
+            singles = profile.chunk_steps_seconds(count, requests, context + count, now, done - 1)
+            yield list(map(_ns, singles)), requests
         size = max(DURATION_CHUNK, likely + likely // 4 - done)
         while done < steps:
             size = min(size, steps - done)
