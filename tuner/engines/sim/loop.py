@@ -750,15 +750,19 @@ class _RunRecords:
         for request, last in zip(run.decodes, run.lasts, strict=True):
             if last <= steps:
                 self.finishing.setdefault(last - 1, []).append(request)
-        self._at = 0
+        self._ends = sorted(self.finishing)
+        """The steps that finish someone, in order."""
+        self._gone = 0
+        """Of those, how many have had their requests dropped from ``scheduled``."""
 
     def step(self, index: int) -> tuple[dict[SimRequest, int], list[SimRequest]]:
         """Step ``index``'s tokens per request and the requests it finishes; steps are asked
         for in order."""
-        for gone in range(self._at, index):
-            for request in self.finishing.get(gone, ()):
+        ends = self._ends
+        while self._gone < len(ends) and ends[self._gone] < index:
+            for request in self.finishing[ends[self._gone]]:
                 del self.scheduled[request]
-        self._at = max(self._at, index)
+            self._gone += 1
         return self.scheduled, self.finishing.get(index, [])
 
     def plan(self, index: int) -> StepPlan:
