@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +33,37 @@ POSTGRES_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # 5 MB each: the tests that are about something else say --no-report this way (those about the
 # report remove it: tests/test_html_report.py).
 os.environ["TUNE_NO_REPORT"] = "1"
+
+# Output is judged as piped with no width given (wide lines, for grep); the tests about widths
+# set COLUMNS themselves. A shell that exports it, or pytest-xdist's workers (COLUMNS=80),
+# would otherwise wrap what the others read.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
+
+@pytest.fixture(autouse=True)
+def _share_the_machine(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under pytest-xdist's workers, a test marked ``quiet`` (it judges a real server's
+    timings) runs alone: it waits for the tests running beside it to end, and tests that start
+    meanwhile wait for it (a readers-writer lock on files shared by the run's workers, with a
+    turnstile so that a quiet test is not starved). Without workers, nothing to share."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    base = Path(tempfile.gettempdir()) / f"prefill-tuner-tests-{run}"
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if request.node.get_closest_marker("quiet") is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # (holding the turnstile: nobody new starts)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        else:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture

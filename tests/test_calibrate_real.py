@@ -22,7 +22,9 @@ from prefill_tuner.engines.sim import load_profile
 from tests.conftest import vllm_python
 from tests.test_real_engine_study import KV_BYTES, SERVER_ARGS, processes_using
 
-pytestmark = pytest.mark.real_engine  # starts vLLM (CPU build): `-m 'not real_engine'` skips
+# Starts vLLM (CPU build): `-m 'not real_engine'` skips; it fits the server's step times, so it
+# runs alone (quiet) when the suite runs on several workers.
+pytestmark = [pytest.mark.real_engine, pytest.mark.quiet]
 
 HELD_OUT_BOUND = 0.45
 STEP_COUNT_BOUND = 0.2
