@@ -1,0 +1,69 @@
+"""The simulations of a stored study's trials alone: every simulated trial's fully resolved
+engine config simulated again on the study's trace, the CPU time of ``simulate()`` summed
+(issue 30: the main job's 30 trials, without its start-up, storage, headroom runs or report).
+
+    .venv/bin/python benchmarks/study_trials.py sqlite:///tune.db [--study NAME] [--repeat 3]
+
+Make the study once (``tune run --slo p99_tpot=50ms --storage sqlite:///tune.db``, the main
+job), then run this with each checkout's interpreter in turn: the same configs, so the
+simulations are the same work (it prints their steps, and a digest of every request's record:
+two checkouts that simulate alike print the same digest). Prints the median of ``--repeat``
+passes over all the trials, and each pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import time
+
+from prefill_tuner.engines.sim import SimConfig, simulate
+from prefill_tuner.engines.sim.cost_model import profile_from_record
+from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.summary import study_trace
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("storage")
+    parser.add_argument("--study", help="the study's name (default: the only one stored)")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    store = TunerStore(args.storage, create=False)
+    names = [args.study] if args.study else store.study_names()
+    if len(names) != 1:
+        parser.error(f"--study: one of {', '.join(names)}")
+    record = store.get_study(names[0])
+    if record is None:
+        parser.error(f"--study: no study {names[0]}")
+    trace, why = study_trace(record)
+    if trace is None:
+        parser.error(str(why))
+    runs = []
+    for trial in store.trials(record):
+        resolved = dict(trial.resolved_config)
+        if trial.status != "complete" or "profile" not in resolved:
+            continue  # failed, or run on a real server
+        profile = profile_from_record(resolved.pop("profile"))
+        fields = {k: v for k, v in resolved.items() if k in SimConfig.model_fields}
+        runs.append((SimConfig(**fields), profile))
+    passes: list[float] = []
+    for _ in range(args.repeat):
+        digest, steps, spent = hashlib.sha256(), 0, 0.0
+        for config, profile in runs:
+            started = time.process_time()
+            result = simulate(trace, config, profile)
+            spent += time.process_time() - started
+            steps += result.steps
+            digest.update(repr(result.records).encode())
+        passes.append(spent)
+    print(
+        f"{len(runs)} trials of study {record.name}: {steps:,} steps, CPU median "
+        f"{statistics.median(passes):.3f} s ({', '.join(f'{p:.3f}' for p in passes)}); "
+        f"records digest {digest.hexdigest()[:16]}"
+    )
+
+
+if __name__ == "__main__":
+    main()
