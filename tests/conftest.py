@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,16 +41,19 @@ os.environ.pop("LINES", None)
 
 
 @pytest.fixture(autouse=True)
-def _share_the_machine(request: pytest.FixtureRequest) -> Iterator[None]:
+def _share_the_machine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
     """Under pytest-xdist's workers, a test marked ``quiet`` (it judges a real server's
     timings) runs alone: it waits for the tests running beside it to end, and tests that start
     meanwhile wait for it (a readers-writer lock on files shared by the run's workers, with a
     turnstile so that a quiet test is not starved). Without workers, nothing to share."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
         yield
         return
-    base = Path(tempfile.gettempdir()) / f"prefill-tuner-tests-{run}"
+    # The run's temporary folder, shared by its workers (each has its own folder in it), and
+    # removed with it by pytest's own clean-up of old runs.
+    base = tmp_path_factory.getbasetemp().parent / "machine"
     with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         if request.node.get_closest_marker("quiet") is not None:
