@@ -213,15 +213,9 @@ class FittedProfile(BaseModel):
         return (self.prefill_token_ms * tokens + self.prefill_pair_ms * pairs) / 1000.0
 
     def step_seconds(self, shape: StepShape) -> float:
-        # The order of the plain-decode terms is :meth:`decode_run_seconds`'s (same floats).
-        total = (
-            self.base_ms
-            + self.decode_ms * shape.decode_tokens
-            + self.decode_squared_ms * shape.decode_tokens**2
-            + self.request_ms * shape.requests
-            + self.host_ms
-            + self.host_request_ms * shape.requests
-        )
+        # The runs (:meth:`decode_run_seconds`, :meth:`chunk_run_seconds`) add the same terms
+        # in the same order: the same floats.
+        total = self._fixed_ms(shape.decode_tokens, shape.requests)
         total += self.decode_context_ms * shape.decode_context_tokens
         total += (
             self.prefill_token_ms * shape.prefill_tokens
@@ -230,13 +224,14 @@ class FittedProfile(BaseModel):
         )
         return total / 1000.0
 
-    def _decode_fixed_ms(self, requests: int) -> float:
-        """A plain decode step's milliseconds but its context term, summed in
-        :meth:`step_seconds`' order (so the runs give its floats)."""
+    def _fixed_ms(self, decodes: int, requests: int) -> float:
+        """A step's milliseconds but its context and prefill terms, for ``decodes`` decodes of
+        ``requests`` requests scheduled, summed in :meth:`step_seconds`' order (so the runs
+        give its floats)."""
         return (
             self.base_ms
-            + self.decode_ms * requests
-            + self.decode_squared_ms * requests**2
+            + self.decode_ms * decodes
+            + self.decode_squared_ms * decodes**2
             + self.request_ms * requests
             + self.host_ms
             + self.host_request_ms * requests
@@ -246,13 +241,13 @@ class FittedProfile(BaseModel):
         """Durations of ``steps`` consecutive plain decode steps (see
         :meth:`ConstantProfile.decode_run_seconds`)."""
         context = first_context + requests * np.arange(steps, dtype=np.float64)
-        fixed = self._decode_fixed_ms(requests)
+        fixed = self._fixed_ms(requests, requests)
         return (fixed + self.decode_context_ms * context + 0.0) / 1000.0
 
     def decode_steps_seconds(self, requests: int, first_context: int, steps: int) -> list[float]:
         """:meth:`decode_run_seconds` without numpy (cheaper for a few steps): the same
         floats, as :meth:`step_seconds` computes them."""
-        fixed = self._decode_fixed_ms(requests)
+        fixed = self._fixed_ms(requests, requests)
         slope = self.decode_context_ms
         return [
             (fixed + slope * (first_context + requests * step) + 0.0) / 1000.0
@@ -277,14 +272,7 @@ class FittedProfile(BaseModel):
             now = before + count * step
             pairs += count * now + count * (count + 1) // 2
             context += now + count
-        fixed = (
-            self.base_ms
-            + self.decode_ms * decodes
-            + self.decode_squared_ms * decodes**2
-            + self.request_ms * requests
-            + self.host_ms
-            + self.host_request_ms * requests
-        )
+        fixed = self._fixed_ms(decodes, requests)
         total = fixed + self.decode_context_ms * (decode_context + decodes * step)
         total = total + (
             self.prefill_token_ms * tokens
@@ -304,14 +292,7 @@ class FittedProfile(BaseModel):
         """:meth:`chunk_run_seconds` without numpy (cheaper for a few steps): the same floats,
         as :meth:`step_seconds` computes them."""
         tokens = sum(count for _, count in chunks)
-        fixed = (
-            self.base_ms
-            + self.decode_ms * decodes
-            + self.decode_squared_ms * decodes**2
-            + self.request_ms * requests
-            + self.host_ms
-            + self.host_request_ms * requests
-        )
+        fixed = self._fixed_ms(decodes, requests)
         times: list[float] = []
         for step in range(steps):
             pairs = context = 0
