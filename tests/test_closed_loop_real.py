@@ -15,7 +15,9 @@ from prefill_tuner.trace.model import Request, Trace
 from tests.conftest import vllm_python
 from tests.test_real_engine_study import KV_BYTES, SERVER_ARGS, processes_using
 
-pytestmark = pytest.mark.real_engine  # starts vLLM (CPU build): `-m 'not real_engine'` skips
+# Starts vLLM (CPU build): `-m 'not real_engine'` skips; it judges when the client sends, so it
+# runs alone (quiet) when the suite runs on several workers.
+pytestmark = [pytest.mark.real_engine, pytest.mark.quiet]
 
 LIMIT = 2
 
@@ -45,9 +47,11 @@ def test_the_replay_keeps_at_most_n_requests_in_flight(tmp_path: Path, monkeypat
     for record in records:
         in_flight = [r for r in records if r.sent_s <= record.sent_s < r.token_times_s[-1]]
         assert len(in_flight) <= LIMIT, record.id
+    # The first N never wait for a slot: a client that starts late (a busy machine) sends
+    # them late, after no finish.
     waited = [
         (r, q)
-        for r, q in zip(records, trace.requests, strict=True)
+        for r, q in zip(records[LIMIT:], trace.requests[LIMIT:], strict=True)
         if r.sent_s > q.arrival_s + 0.05
     ]
     assert len(waited) >= len(records) - LIMIT - 1  # the rest waited for a slot...
