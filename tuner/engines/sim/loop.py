@@ -636,7 +636,7 @@ class _Loop:
         records = _RunRecords(run, steps) if self.on_step is not None else None
         times = list(map(truediv, ends, repeat(NS)))
         used, finished = scheduler.apply_steady_run(run, steps, times)
-        self.peak_blocks = max(self.peak_blocks, *used)
+        self.peak_blocks = max(self.peak_blocks, max(used))
         self._emit_run(records, starts, ends, used)
         self.busy += ends[-1] - starts[0]  # back to back
         if finished and self.on_finish is not None:
@@ -697,8 +697,11 @@ class _Loop:
         arrived = [previous.end, *ends[:-1]]
         chunks = [(r.num_computed + chunk * (steps - 1), chunk) for r, chunk in run.chunks]
         used, _ = scheduler.apply_steady_run(run, steps, list(map(truediv, arrived, repeat(NS))))
-        self.peak_blocks = max(self.peak_blocks, *used)
-        self._emit_run(records, starts[:-1], ends[:-1], used[:-1])
+        self.peak_blocks = max(self.peak_blocks, max(used))
+        if self.on_step is None:
+            self.step_index += steps - 1
+        else:
+            self._emit_run(records, starts[:-1], ends[:-1], used[:-1])
         last = records.plan(steps - 1)
         decodes = len(last.scheduled) - len(chunks)
         # (What its record says of it; its time is known.)

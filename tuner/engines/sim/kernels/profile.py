@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, Literal
 
@@ -303,9 +303,9 @@ class KernelProfile(BaseModel):
         derived = self._get()
         base = derived.tokens(requests) + derived.requests(requests)
         host = derived.host_fixed + derived.host_per_request * requests
-        decode = derived.decode
+        decode = derived.decode_curve(requests)
         return [
-            (base + decode(requests, (first_context + requests * step) / requests)) + host
+            (base + decode((first_context + requests * step) / requests)) + host
             for step in range(steps)
         ]
 
@@ -323,14 +323,18 @@ class KernelProfile(BaseModel):
         tokens = decodes + sum(count for _, count in chunks)
         base = derived.tokens(tokens) + derived.requests(requests)
         host = derived.host_fixed + derived.host_per_request * requests
-        decode, prefill = derived.decode, derived.prefill
+        decode = derived.decode_curve(decodes) if decodes else None
+        chunk_seconds = derived.chunk
         times: list[float] = []
         for step in range(steps):
             total = base
-            if decodes:
-                total += decode(decodes, (decode_context + decodes * step) / decodes)
+            if decode is not None:
+                total += decode((decode_context + decodes * step) / decodes)
             if chunks:
-                total += prefill([(before + count * step, count) for before, count in chunks])
+                prefill = 0.0  # (derived.prefill's sum, chunk by chunk in order)
+                for before, count in chunks:
+                    prefill += chunk_seconds(before + count * step, count)
+                total += prefill
             times.append(total + host)
         return times
 
@@ -424,6 +428,8 @@ class _Derived:
     host_fixed: float
     """``host_seconds`` is ``host_fixed + host_per_request × requests``, these same floats."""
     host_per_request: float
+    curves: dict[int, Callable[[float], float]] = field(default_factory=dict)
+    """Batch → :meth:`decode` at that batch (:meth:`decode_curve`), made when first read."""
 
     def __eq__(self, other: object) -> bool:
         # Not yet derived (``None``) or derived: the same profile either way.
@@ -562,27 +568,54 @@ class _Derived:
             return y[-1] + (count - x[-1]) * self.request_tail
         return y[j] + (count - x[j]) * self.request_slope[j]
 
-    def _row(self, i: int, j: int, kv: float) -> float:
-        """Row ``i`` of the decode grid at ``kv`` tokens, ``j`` its bracket in ``self.kv``."""
-        x = self.kv
-        if j < 0:
-            return self.grid[i][0]
-        if j >= len(x) - 1:
-            return self.grid[i][-1] * (kv / x[-1])
-        return self.grid[i][j] + (kv - x[j]) * self.grid_slope[i][j]
-
     def decode(self, batch: int, kv: float) -> float:
         """Decode attention of ``batch`` requests reading ``kv`` KV tokens each (mean)."""
-        b = self.batch
+        return self.decode_curve(batch)(kv)
+
+    def decode_curve(self, batch: int) -> Callable[[float], float]:
+        """:meth:`decode` at ``batch``, a function of the KV tokens: the batch's rows of the
+        grid, and its weight between them, found once (a step's time reads it millions of
+        times). Row ``i`` at ``kv`` is linear between the grid's KV points, held below the
+        first and in proportion beyond the last; the batch interpolates linearly between
+        two rows, or scales the last row beyond it."""
+        curve = self.curves.get(batch)
+        if curve is not None:
+            return curve
+        b, x = self.batch, self.kv
+        last, x_last = len(x) - 1, x[-1]
         i = bisect_right(b, batch) - 1
-        j = bisect_right(self.kv, kv) - 1
+        low_row, low_slope = self.grid[max(i, 0)], self.grid_slope[max(i, 0)]
+
+        def row(grid: list[float], slope: list[float], kv: float) -> float:
+            j = bisect_right(x, kv) - 1
+            if j < 0:
+                return grid[0]
+            if j >= last:
+                return grid[-1] * (kv / x_last)
+            return grid[j] + (kv - x[j]) * slope[j]
+
         if i < 0:
-            return self._row(0, j, kv)
-        if i >= len(b) - 1:
-            return self._row(len(b) - 1, j, kv) * (batch / b[-1])
-        weight = (batch - b[i]) / (b[i + 1] - b[i])
-        low = self._row(i, j, kv)
-        return low + weight * (self._row(i + 1, j, kv) - low)
+            curve = lambda kv: row(low_row, low_slope, kv)  # noqa: E731
+        elif i >= len(b) - 1:
+            scale = batch / b[-1]
+            curve = lambda kv: row(low_row, low_slope, kv) * scale  # noqa: E731
+        else:
+            weight = (batch - b[i]) / (b[i + 1] - b[i])
+            high_row, high_slope = self.grid[i + 1], self.grid_slope[i + 1]
+
+            def curve(kv: float) -> float:
+                j = bisect_right(x, kv) - 1
+                if j < 0:
+                    low, high = low_row[0], high_row[0]
+                elif j >= last:
+                    low, high = low_row[-1] * (kv / x_last), high_row[-1] * (kv / x_last)
+                else:
+                    low = low_row[j] + (kv - x[j]) * low_slope[j]
+                    high = high_row[j] + (kv - x[j]) * high_slope[j]
+                return low + weight * (high - low)
+
+        self.curves[batch] = curve
+        return curve
 
     def _rows(self, i: int, kv: np.ndarray, at: _Brackets) -> np.ndarray:
         """:meth:`_row` at each of ``kv``, bracketed by ``at``."""
@@ -653,11 +686,15 @@ class _Derived:
         context (a short chunk after a long prefix is bound by reading the KV cache)."""
         total = 0.0
         for before, count in chunks:
-            length = before + count
-            pairs = count * before + count * (count + 1) // 2
-            share = self.context(length) * (pairs / (length * (length + 1) // 2))
-            total += max(share, self.decode(1, float(length)))
+            total += self.chunk(before, count)
         return total
+
+    def chunk(self, before: int, count: int) -> float:
+        """:meth:`prefill`'s term for one chunk of ``count`` tokens after ``before``."""
+        length = before + count
+        pairs = count * before + count * (count + 1) // 2
+        share = self.context(length) * (pairs / (length * (length + 1) // 2))
+        return max(share, self.decode_curve(1)(float(length)))
 
 
 _Brackets = tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]
