@@ -255,3 +255,49 @@ def test_a_met_margin_is_carried_by_the_recommendation(tune, tmp_path: Path) -> 
     chosen = next(c for c in headroom["candidates"] if c["trial"] == headroom["recommended"])
     assert chosen["load"] >= 1.4
     assert any(c["rate"] == 1.4 and c["meets"] for c in chosen["loads"])  # the margin itself ran
+
+
+def test_the_simulator_does_not_run_a_max_num_seqs_it_never_reaches_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Settings that differ from an earlier run's only in a ``max_num_seqs`` above the most
+    requests that run had running give that run: the engine returns it, under the new
+    config, without simulating (the headroom checks' ``max_num_seqs`` neighbours, most
+    often); a limit the run reached, another trace object or another client limit is
+    simulated."""
+    from prefill_tuner.engines.sim import trial_engine
+
+    peaks: list[int] = []
+    simulate = trial_engine.simulate
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        result = simulate(*args, **kwargs)
+        peaks.append(result.peak_running)
+        return result
+
+    monkeypatch.setattr(trial_engine, "simulate", counted)
+    trace = load_trace(
+        str(MOONCAKE),
+        options=ShapeOptions(
+            dequantize_s="auto", duration_s=60, rate_scale=0.1, max_model_len=32768
+        ),
+    )
+    profile = load_profile("llama-3.1-8b-h100")
+    engine = SimEngine(profile)
+    settings = {"max_model_len": 32768, "max_num_batched_tokens": 2048, "max_num_seqs": 256}
+    first = engine.run(trace, settings)
+    (peak,) = peaks
+    assert 1 < peak < 256
+    for limit in (peak + 1, 2048):
+        again = engine.run(trace, {**settings, "max_num_seqs": limit})
+        assert len(peaks) == 1, limit
+        assert again.metrics == first.metrics and again.metrics is not first.metrics
+        assert again.resolved_config == {**first.resolved_config, "max_num_seqs": limit}
+        assert again.details == {**first.details, "wall_s": 0.0}
+        assert again.failure == first.failure and again.version == first.version
+    fresh = SimEngine(profile).run(trace, {**settings, "max_num_seqs": peak + 1})
+    assert fresh.metrics == first.metrics  # what it returned is what simulating gives
+    engine.run(trace, {**settings, "max_num_seqs": peak})  # reached: it may bind
+    engine.run(replace(trace), settings)  # an equal trace, another object
+    engine.run(trace, settings, max_concurrency=4)
+    assert len(peaks) == 5

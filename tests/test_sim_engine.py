@@ -386,3 +386,27 @@ def test_a_rejected_request_waits_its_turn_and_holds_no_slot() -> None:
     assert long.error is not None and long.error.startswith("rejected")
     assert long.sent_s == b.sent_s == pytest.approx(a.token_times_s[-1])
     assert b.completed
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_a_max_num_seqs_above_the_peak_running_gives_the_same_run(async_scheduling: bool) -> None:
+    """``SimResult.peak_running`` below both limits: the two limits give the same run (what
+    the simulator engine's memory of runs relies on); at or under it they may differ (and
+    in these scenarios some do, so the comparison can tell)."""
+    premises = differing = 0
+    for seed in range(40):
+        trace, config = random_scenario(seed, async_scheduling=async_scheduling)
+        runs = {}
+        for limit in range(1, min(config.max_num_batched_tokens, 12) + 1):
+            moved = SimConfig(**{**config.model_dump(), "max_num_seqs": limit})
+            result = simulate(trace, moved, LINEAR, max_concurrency=(None, 2)[seed % 2])
+            assert result.peak_running <= limit
+            runs[limit] = (result.peak_running, result.records, result.steps)
+        for a, (peak, records, steps) in runs.items():
+            for b, (_, other, other_steps) in runs.items():
+                if peak < min(a, b):
+                    premises += 1
+                    assert (records, steps) == (other, other_steps), (seed, a, b)
+                elif records != other:
+                    differing += 1
+    assert premises >= 1000 and differing >= 200, (premises, differing)

@@ -107,7 +107,7 @@ class KVCache:
         start, batch = 0, 8
         while start < end:  # keys in growing batches: most walks stop at the first blocks
             stop = min(end, start + batch)
-            found = list(map(lookup, request.block_keys(start, stop, size)))
+            found = list(map(lookup, request.keys_to(stop, size)[start:stop]))
             if None in found:
                 hit.extend(found[: found.index(None)])  # type: ignore[arg-type]
                 return hit

@@ -115,6 +115,9 @@ class SimResult:
     """Time the engine spent computing steps (the device's, when scheduling asynchronously)."""
     max_concurrency: int | None = None
     """The client's limit the run replayed under (``None``: open loop)."""
+    peak_running: int = 0
+    """The most requests running at once. Below ``max_num_seqs``, that limit never refused
+    an admission, and the run is the same under any limit above it."""
 
     def client_waits(self, trace: Trace) -> list[float]:
         """How long each request of ``trace`` waited at the client for a slot (its send less
@@ -199,6 +202,7 @@ def simulate(
         stalled=loop.stalled,
         busy_s=loop.busy / NS,
         max_concurrency=max_concurrency,
+        peak_running=loop.scheduler.peak_running,
     )
 
 

@@ -137,6 +137,10 @@ class Scheduler:
         self.retired: list[SimRequest] | None = None
         """When a list: every request that finishes is appended to it (a router in front of
         replicas reads them; see ``replicas.py``)."""
+        self.peak_running = 0
+        """The most requests running at once: while it stays below ``max_num_seqs``, that
+        limit has refused no admission (it is read nowhere else), so any larger limit than
+        this gives the same run."""
 
     def add_request(self, request: SimRequest) -> None:
         self.waiting.append(request)
@@ -237,6 +241,8 @@ class Scheduler:
                 budget -= num_new
             if skipped:
                 waiting.extendleft(reversed(skipped))  # back at the front, in order
+            if len(running) > self.peak_running:  # (only admissions add to it)
+                self.peak_running = len(running)
 
         samples = plan.samples
         if config.async_scheduling:

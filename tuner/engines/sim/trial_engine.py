@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model
@@ -26,8 +28,32 @@ _SIM_FIELDS = create_model(
 """SimConfig's fields without its rules between them (those are checked once repaired)."""
 
 
+KEPT_RUNS = 256
+"""Runs a simulator engine remembers (each a summary: metrics and details, a few KB)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    """A run the engine made, and what else it stands for."""
+
+    trace: Trace
+    """The trace it replayed (held: an object's id is its identity only while it lives)."""
+    max_concurrency: int | None
+    max_num_seqs: int
+    peak_running: int
+    run: EngineRun
+
+
 class SimEngine:
-    """Runs trials on the simulated vLLM V1 scheduler with a step-time profile."""
+    """Runs trials on the simulated vLLM V1 scheduler with a step-time profile.
+
+    It remembers its runs: a run whose settings differ from an earlier one's (on the same
+    trace object, under the same client limit) only in ``max_num_seqs``, where neither limit
+    is reached by the most requests the earlier run ever had running, is that run (the limit
+    refused no admission in it, and would refuse none with the other value): its metrics are
+    returned without simulating again. The headroom checks' ``max_num_seqs`` neighbours, and
+    trials that differ from another only there, are most often such runs.
+    """
 
     name = "sim"
     server_args: tuple[str, ...] = ()
@@ -41,6 +67,8 @@ class SimEngine:
         self.capabilities = EngineCapabilities(engine="sim", version=self.version)
         self.about: tuple[str, ...] = (f"profile {profile.name}: {profile.provenance.summary()}",)
         self.server_args = profile.serve_args  # the machine's flags in every serve line
+        self._kept: dict[tuple[int, str], list[_Kept]] = {}
+        """(the trace's id, every setting but ``max_num_seqs``) → the runs made with them."""
 
     def close(self) -> None:
         """Nothing to stop: the simulator runs in this process, only during a run."""
@@ -97,8 +125,39 @@ class SimEngine:
         config = self._config(settings)
         if isinstance(config, EngineRun):
             return config
+        key = (id(trace), config.model_dump_json(exclude={"max_num_seqs"}))
+        same = self._same_run(key, trace, config, max_concurrency)
+        if same is not None:
+            return same
         result = simulate(trace, config, self.profile, max_concurrency=max_concurrency)
-        return self._engine_run(config, result)
+        run = self._engine_run(config, result)
+        if sum(map(len, self._kept.values())) >= KEPT_RUNS:
+            del self._kept[next(iter(self._kept))]  # the settings kept longest
+        kept = _Kept(trace, max_concurrency, config.max_num_seqs, result.peak_running, run)
+        self._kept.setdefault(key, []).append(kept)
+        return run
+
+    def _same_run(
+        self,
+        key: tuple[int, str],
+        trace: Trace,
+        config: SimConfig,
+        max_concurrency: int | None,
+    ) -> EngineRun | None:
+        """A copy of a remembered run that is this one (see the class), with this one's
+        config; ``None`` when there is none."""
+        for kept in self._kept.get(key, []):
+            if kept.trace is not trace or kept.max_concurrency != max_concurrency:
+                continue
+            limits = min(kept.max_num_seqs, config.max_num_seqs)
+            if kept.peak_running < limits or kept.max_num_seqs == config.max_num_seqs:
+                return dataclasses.replace(
+                    kept.run,
+                    metrics=copy.deepcopy(kept.run.metrics),
+                    resolved_config={**config.model_dump(), "profile": self.profile.model_dump()},
+                    details={**kept.run.details, "wall_s": 0.0},
+                )
+        return None
 
     def _config(self, settings: dict[str, Any]) -> SimConfig | EngineRun:
         """The run's config, or the failed run of a config the engine rejects."""
