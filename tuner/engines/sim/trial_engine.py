@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import weakref
 from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model
@@ -36,8 +37,9 @@ KEPT_RUNS = 256
 class _Kept:
     """A run the engine made, and what else it stands for."""
 
-    trace: Trace
-    """The trace it replayed (held: an object's id is its identity only while it lives)."""
+    trace: weakref.ref[Trace]
+    """The trace it replayed, not kept alive (a study's many scaled traces would be): an
+    object's id is its identity only while the object lives."""
     max_concurrency: int | None
     max_num_seqs: int
     peak_running: int
@@ -131,9 +133,13 @@ class SimEngine:
             return same
         result = simulate(trace, config, self.profile, max_concurrency=max_concurrency)
         run = self._engine_run(config, result)
+        for gone in [k for k, runs in self._kept.items() if runs[0].trace() is None]:
+            del self._kept[gone]  # their trace is gone: nobody can ask for them again
         if sum(map(len, self._kept.values())) >= KEPT_RUNS:
             del self._kept[next(iter(self._kept))]  # the settings kept longest
-        kept = _Kept(trace, max_concurrency, config.max_num_seqs, result.peak_running, run)
+        kept = _Kept(
+            weakref.ref(trace), max_concurrency, config.max_num_seqs, result.peak_running, run
+        )
         self._kept.setdefault(key, []).append(kept)
         return run
 
@@ -147,7 +153,7 @@ class SimEngine:
         """A copy of a remembered run that is this one (see the class), with this one's
         config; ``None`` when there is none."""
         for kept in self._kept.get(key, []):
-            if kept.trace is not trace or kept.max_concurrency != max_concurrency:
+            if kept.trace() is not trace or kept.max_concurrency != max_concurrency:
                 continue
             limits = min(kept.max_num_seqs, config.max_num_seqs)
             if kept.peak_running < limits or kept.max_num_seqs == config.max_num_seqs:
@@ -155,7 +161,7 @@ class SimEngine:
                     kept.run,
                     metrics=copy.deepcopy(kept.run.metrics),
                     resolved_config={**config.model_dump(), "profile": self.profile.model_dump()},
-                    details={**kept.run.details, "wall_s": 0.0},
+                    details=dict(kept.run.details),  # (wall_s: what simulating it took)
                 )
         return None
 
