@@ -38,6 +38,7 @@ from prefill_tuner.study.evaluation import verdict_of
 from prefill_tuner.study.plan import StudyPlan
 from prefill_tuner.study.recommend import rank_key
 from prefill_tuner.study.windows import judge_windows
+from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.shaping import scale_rate
 
 NEIGHBOUR_KNOBS = ("max_num_batched_tokens", "max_num_seqs")
@@ -253,13 +254,24 @@ class Checker:
             (f"@{w.spec}", w.trace) for w in judge_windows(plan.trace, plan.judge_windows)
         ]
         self.runs = 0
+        self._scaled: dict[tuple[str, float], Trace] = {}
+        """Each part at each rate tried, made once: every candidate replays the same trace
+        object (the simulator prepares a trace's requests once per object)."""
+
+    def _at(self, suffix: str, trace: Trace, rate: float) -> Trace:
+        if rate == 1:
+            return trace
+        scaled = self._scaled.get((suffix, rate))
+        if scaled is None:
+            scaled = self._scaled[suffix, rate] = scale_rate(trace, rate)
+        return scaled
 
     def check(self, what: str, settings: dict[str, Any], rate: float) -> Check:
         worst, binding, meets = 0.0, "", True
         limits = {slo.name: slo.limit_s for slo in self.plan.slos}
         for suffix, trace in self.parts:
             run = self.engine.run(
-                scale_rate(trace, rate) if rate != 1 else trace,
+                self._at(suffix, trace, rate),
                 settings,
                 self.plan.abort_rule,
                 label="headroom",
