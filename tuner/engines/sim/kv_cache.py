@@ -220,9 +220,15 @@ class KVCache:
                         del extra[block]
                     else:
                         extra[block] = others - 1
-                alone = list(map(not_, shared))
-                freed_blocks = list(compress(held, alone))[::-1]
-                freed_keys = list(compress(keys, alone))[::-1]
+                lead = shared.index(False) if False in shared else registered
+                if True not in shared[lead:]:  # the common case: a hit takes leading blocks
+                    freed_blocks, freed_keys = held[lead:], keys[lead:]
+                    freed_blocks.reverse()
+                    freed_keys.reverse()
+                else:
+                    alone = list(map(not_, shared))
+                    freed_blocks = list(compress(held, alone))[::-1]
+                    freed_keys = list(compress(keys, alone))[::-1]
             else:  # last first, straight from the request's lists
                 freed_blocks = blocks[registered - 1 :: -1]
                 freed_keys = request.keys_to(registered, size)[registered - 1 :: -1]
