@@ -65,6 +65,7 @@ def test_one_replica_is_the_single_engine(async_scheduling: bool, router: str) -
     one = simulate_replicas(trace, config(async_scheduling), H100, replicas=1, router=router)
     assert token_times(one.result.records) == token_times(single.records)
     assert one.result.steps == single.steps
+    assert one.result.peak_running == single.peak_running > 1
     assert one.assignment == [0] * len(trace.requests)
 
 
@@ -79,12 +80,15 @@ def test_each_replica_is_exactly_the_engine_on_what_it_was_sent(async_scheduling
     )
     assert replicated.assignment == [i % 3 for i in range(len(trace.requests))]
     by_id = {r.id: r for r in replicated.result.records}
+    peaks = []
     for replica in range(3):
         share = Trace(trace.requests[replica::3])
         alone = simulate(share, config(async_scheduling), H100)
+        peaks.append(alone.peak_running)
         assert token_times([by_id[r.id] for r in alone.records]) == token_times(alone.records)
         assert replicated.replicas[replica].steps == alone.steps
         assert replicated.replicas[replica].busy_s == pytest.approx(alone.busy_s)
+    assert replicated.result.peak_running == max(peaks)  # (per replica: max_num_seqs is)
 
 
 def test_least_outstanding_steers_around_a_busy_replica() -> None:

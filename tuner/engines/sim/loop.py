@@ -116,8 +116,9 @@ class SimResult:
     max_concurrency: int | None = None
     """The client's limit the run replayed under (``None``: open loop)."""
     peak_running: int = 0
-    """The most requests running at once. Below ``max_num_seqs``, that limit never refused
-    an admission, and the run is the same under any limit above it."""
+    """The most requests running at once (on one replica, behind a router). Below
+    ``max_num_seqs``, that limit never refused an admission, and the run is the same under
+    any limit above it."""
 
     def client_waits(self, trace: Trace) -> list[float]:
         """How long each request of ``trace`` waited at the client for a slot (its send less

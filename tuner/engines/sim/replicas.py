@@ -125,6 +125,7 @@ def simulate_replicas(
         stalled=stalled,
         busy_s=sum(loop.busy for loop in loops) / NS,
         max_concurrency=max_concurrency,
+        peak_running=max(loop.scheduler.peak_running for loop in loops),
     )
     stats = [
         ReplicaStats(
