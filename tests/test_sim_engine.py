@@ -410,3 +410,16 @@ def test_a_max_num_seqs_above_the_peak_running_gives_the_same_run(async_scheduli
                 elif records != other:
                     differing += 1
     assert premises >= 1000 and differing >= 200, (premises, differing)
+
+
+@pytest.mark.parametrize("host_ms", [4.5, 20.0])
+def test_host_bound_async_runs_fast_forward_exactly(host_ms: float) -> None:
+    """Under async scheduling a step whose device part is shorter than the next step's host
+    part starts when that host part is done, not when the device is free: runs whose steps are
+    all host-bound (20 ms of host a step) or some of them (4.5 ms: short decode steps are,
+    steps with a prefill are not) give the same steps and times as stepping."""
+    profile = LINEAR.model_copy(update={"name": "host-bound", "host_ms": host_ms})
+    for seed in range(40):
+        trace, config = random_scenario(seed, async_scheduling=True)
+        for limit in (None, 2):
+            assert_identical(both_ways(trace, config, profile, limit))
