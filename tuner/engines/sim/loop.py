@@ -642,7 +642,7 @@ class _Loop:
         times = list(map(truediv, ends, repeat(NS)))
         used, finished = scheduler.apply_steady_run(run, steps, times)
         self.peak_blocks = max(self.peak_blocks, max(used))
-        self._emit_run(records, starts, ends, used)
+        self._emit_run(records, starts, ends, used, steps)
         self.busy += ends[-1] - starts[0]  # back to back
         if finished and self.on_finish is not None:
             self.on_finish(finished, ends[-1])  # (at the last step: the run ends with them)
@@ -714,10 +714,7 @@ class _Loop:
         chunks = [(r.num_computed + chunk * (steps - 1), chunk) for r, chunk in run.chunks]
         used, _ = scheduler.apply_steady_run(run, steps, list(map(truediv, arrived, repeat(NS))))
         self.peak_blocks = max(self.peak_blocks, max(used))
-        if self.on_step is None:
-            self.step_index += steps - 1
-        else:
-            self._emit_run(records, starts[:-1], ends[:-1], used[:-1])
+        self._emit_run(records, starts, ends, used, steps - 1)
         last = records.plan(steps - 1)
         decodes = len(last.scheduled) - len(chunks)
         # (What its record says of it; its time is known.)
@@ -727,16 +724,22 @@ class _Loop:
         return host, device_free
 
     def _emit_run(
-        self, records: _RunRecords | None, starts: list[int], ends: list[int], used: list[int]
+        self,
+        records: _RunRecords | None,
+        starts: list[int],
+        ends: list[int],
+        used: list[int],
+        steps: int,
     ) -> None:
-        """The per-step records of a fast-forwarded run, as stepping would have produced
-        them."""
+        """The per-step records of a fast-forwarded run's first ``steps`` steps, as stepping
+        would have produced them."""
         first = self.step_index
-        self.step_index += len(starts)
+        self.step_index += steps
         if self.on_step is None or records is None:
             return
         waiting = len(self.scheduler.waiting)
-        for offset, (start, end, blocks) in enumerate(zip(starts, ends, used, strict=True)):
+        taken = zip(starts[:steps], ends[:steps], used[:steps], strict=True)
+        for offset, (start, end, blocks) in enumerate(taken):
             scheduled, finished = records.step(offset)
             self.on_step(
                 StepRecord(

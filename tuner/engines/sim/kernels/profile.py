@@ -618,7 +618,8 @@ class _Derived:
         return curve
 
     def _rows(self, i: int, kv: np.ndarray, at: _Brackets) -> np.ndarray:
-        """:meth:`_row` at each of ``kv``, bracketed by ``at``."""
+        """Row ``i`` of the decode grid (as :meth:`decode_curve` reads one) at each of
+        ``kv``, bracketed by ``at``."""
         inner, ends = at
         grid, slope, x = self.grid_np[i], self.grid_slope_np[i], self.kv_np
         middle = grid[inner] + (kv - x[inner]) * slope[inner]
