@@ -34,7 +34,7 @@ from operator import add, sub, truediv
 import numpy as np
 
 from prefill_tuner.engines.sim.config import SimConfig
-from prefill_tuner.engines.sim.cost_model import StepModel, StepShape, shape_of
+from prefill_tuner.engines.sim.cost_model import StepModel, StepShape
 from prefill_tuner.engines.sim.request import SimRequest, Status, request_templates
 from prefill_tuner.engines.sim.scheduler import Scheduler, SteadyRun, StepPlan
 from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics, summarize_run
@@ -834,11 +834,16 @@ def _ready_times(requests: list[SimRequest], latency: int, interval: int) -> lis
 def _shape(plan: StepPlan) -> StepShape:
     """Classify the step's tokens for the cost model: a decode is one sampled token fed
     after the prompt (``schedule()`` has already counted the step's tokens as computed)."""
-    items = []
+    decodes = decode_context = 0
+    chunks: list[tuple[int, int]] = []
     for (request, num_new), sample in zip(plan.scheduled, plan.samples, strict=True):
         before = request.num_computed - num_new
-        items.append((before, num_new, num_new == 1 and sample and before >= request.prompt))
-    return shape_of(items, len(plan.scheduled))
+        if num_new == 1 and sample and before >= request.prompt:
+            decodes += 1
+            decode_context += before + 1
+        else:
+            chunks.append((before, num_new))
+    return _shape_with_chunks(decodes, len(plan.scheduled), decode_context, chunks)
 
 
 def _stall_reason(scheduler: Scheduler) -> str:

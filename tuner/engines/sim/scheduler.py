@@ -93,6 +93,11 @@ def _chunk_steps(request: SimRequest, chunk: int, max_model_len: int) -> int:
     return min((remaining - 1) // chunk, (max_model_len - 1 - request.num_computed) // chunk)
 
 
+_FEW_FINISHED = 8
+"""Up to this many requests finishing in a step leave the running list one ``remove`` at a
+time; more, in one pass over it."""
+
+
 def _prefill_blocks(request: SimRequest, chunk: int, steps: int, size: int) -> int:
     """New KV blocks ``steps`` chunks of ``chunk`` tokens take for ``request``."""
     need = -(-(request.num_computed + chunk * steps) // size)
@@ -281,6 +286,15 @@ class Scheduler:
         config, running = self.config, self.running
         if not running or (config.async_scheduling and self.num_stale):
             return None  # async: a waiting request becomes resumable when its stale output lands
+        if self.waiting and config.enable_chunked_prefill and self._decoding(running[-1]):
+            # The waiting head first, cheaply: if it is admitted with the most budget a run
+            # could leave (every running request takes a token at least), it is admitted
+            # with any budget left above 0 (its chunk only shrinks). None left needs the
+            # requests before the last, decoding one to take all but a token: then this
+            # only misses a run (stepping is exact) and saves an O(running) composition.
+            most = config.max_num_batched_tokens - len(running)
+            if most > 0 and not self._head_blocked(len(running), most):
+                return None
         composition = self._steady_composition()
         if composition is None:
             return None
@@ -323,13 +337,11 @@ class Scheduler:
         for request in running:
             if budget <= 0:
                 return None
-            if asynchronous:
-                # Exactly its next token in flight (the step before), and no more.
-                decoding = request.placeholders == 1 and request.num_computed == request.num_tokens
-            else:
-                # Its last token sampled (a last 1-token chunk of a prompt is not a decode).
-                decoding = request.num_computed == request.num_tokens - 1 and request.num_output > 0
-            if decoding:
+            if (
+                request.placeholders == 1 and request.num_computed == request.num_tokens
+                if asynchronous
+                else request.num_computed == request.num_tokens - 1 and request.num_output > 0
+            ):  # (:meth:`_decoding`, inlined)
                 decodes.append(request)
                 lasts.append(request.max_tokens - request.num_output - lag)
                 order.append((request, 1))
@@ -347,6 +359,14 @@ class Scheduler:
         if steps <= 0:
             return None
         return steps, budget, decodes, lasts, chunks, order
+
+    def _decoding(self, request: SimRequest) -> bool:
+        """Whether a running request's next step is a plain decode: async, exactly its next
+        token in flight (the step before), and no more; synchronous, its last token sampled
+        (a last 1-token chunk of a prompt is not a decode)."""
+        if self.config.async_scheduling:
+            return request.placeholders == 1 and request.num_computed == request.num_tokens
+        return request.num_computed == request.num_tokens - 1 and request.num_output > 0
 
     @staticmethod
     def _repeatable_chunk(request: SimRequest, threshold: int, budget: int) -> int:
@@ -371,11 +391,15 @@ class Scheduler:
         must, never later."""
         size = self.config.block_size
         free = self.kv.num_free_blocks
+        chunk_total = sum(_prefill_blocks(r, chunk, steps, size) for r, chunk in chunks)
+        if len(decodes) * -(-steps // size) + chunk_total <= free:
+            # Fits even if every decode took a block every ``size`` steps from the first
+            # (each has its slots up to its computed tokens already: ``firsts`` >= 0).
+            return steps
         firsts = [len(r.blocks) * size - r.num_computed for r in decodes]
         ranges = [
             range(first, min(last, steps), size) for first, last in zip(firsts, lasts, strict=True)
         ]
-        chunk_total = sum(_prefill_blocks(r, chunk, steps, size) for r, chunk in chunks)
         if sum(map(len, ranges)) + chunk_total <= free:
             return steps  # every allocation of the whole run fits
         needs_by_step = [0] * steps
@@ -636,9 +660,16 @@ class Scheduler:
         output finished it, from the waiting queue) and free their blocks, in order."""
         if self.retired is not None:
             self.retired += finished
-        done = {id(request) for request in finished}
-        self.running = [r for r in self.running if id(r) not in done]
+        running = self.running
+        if len(finished) <= _FEW_FINISHED:  # (remove() compares by identity first: C speed)
+            for request in finished:
+                if request.status is Status.RUNNING:
+                    running.remove(request)
+        else:
+            done = {id(request) for request in finished}
+            self.running = [r for r in running if id(r) not in done]
         if any(request.status is not Status.RUNNING for request in finished):
+            done = {id(request) for request in finished}
             self.waiting = deque(r for r in self.waiting if id(r) not in done)
         for request in finished:
             request.status = Status.FINISHED
