@@ -832,18 +832,11 @@ def _ready_times(requests: list[SimRequest], latency: int, interval: int) -> lis
 
 
 def _shape(plan: StepPlan) -> StepShape:
-    """Classify the step's tokens for the cost model: a decode is one sampled token fed
-    after the prompt (``schedule()`` has already counted the step's tokens as computed)."""
-    decodes = decode_context = 0
-    chunks: list[tuple[int, int]] = []
-    for (request, num_new), sample in zip(plan.scheduled, plan.samples, strict=True):
-        before = request.num_computed - num_new
-        if num_new == 1 and sample and before >= request.prompt:
-            decodes += 1
-            decode_context += before + 1
-        else:
-            chunks.append((before, num_new))
-    return _shape_with_chunks(decodes, len(plan.scheduled), decode_context, chunks)
+    """The step's shape for the cost model: ``schedule()`` has told its decodes (one sampled
+    token fed after the prompt) from its prefill chunks."""
+    return _shape_with_chunks(
+        plan.decodes, len(plan.scheduled), plan.decode_context, plan.prefill_chunks
+    )
 
 
 def _stall_reason(scheduler: Scheduler) -> str:

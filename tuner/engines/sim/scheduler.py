@@ -54,6 +54,12 @@ class StepPlan:
     """(request, tokens) in scheduling order: running requests first, then admissions."""
     samples: list[bool] = field(default_factory=list)
     """Per scheduled request: the step samples a token for it (its prefill is complete)."""
+    decodes: int = 0
+    """Scheduled requests decoding: one token, sampled, after the prompt."""
+    decode_context: int = 0
+    """Their contexts' sum (computed tokens before the step, plus the new one)."""
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
+    """Every other scheduled request's ``(tokens computed before, tokens)``, in order."""
     preempted: list[SimRequest] = field(default_factory=list)
     admitted: dict[str, int] = field(default_factory=dict)
     """Requests admitted from the waiting queue → tokens already computed (prefix hit)."""
@@ -165,6 +171,9 @@ class Scheduler:
         max_model_len = config.max_model_len
 
         block_size, caching = config.block_size, kv.enable_caching
+        asynchronous = config.async_scheduling
+        scheduled, samples = plan.scheduled, plan.samples
+        decodes = decode_context = 0
         index = 0
         while index < len(running) and budget > 0:
             request = running[index]
@@ -184,7 +193,19 @@ class Scheduler:
                 # (up to the tokens known: ``num_tokens``, placeholders excluded).
                 if caching and request.num_tokens // block_size > request.num_cached_blocks:
                     kv.cache_full_blocks(request, request.num_tokens)
-                plan.scheduled.append((request, 1))
+                # (:meth:`_count_scheduled`, inlined: this token completes what it knows,
+                # so it samples.)
+                request.num_computed = computed + 1
+                if asynchronous:
+                    request.in_flight += 1
+                    request.placeholders = placeholders + 1
+                scheduled.append((request, 1))
+                samples.append(True)
+                if computed >= request.prompt:
+                    decodes += 1
+                    decode_context += computed + 1
+                else:
+                    plan.prefill_chunks.append((computed, 1))
                 budget -= 1
                 index += 1
                 continue
@@ -204,7 +225,7 @@ class Scheduler:
                     break
             if not allocated:
                 break
-            plan.scheduled.append((request, num_new))
+            self._count_scheduled(plan, request, num_new)
             budget -= num_new
             index += 1
 
@@ -242,27 +263,37 @@ class Scheduler:
                 if caching and not request.preemptions:
                     self.prefix_queries += request.num_tokens
                     self.prefix_hits += num_computed
-                plan.scheduled.append((request, num_new))
+                self._count_scheduled(plan, request, num_new)
                 budget -= num_new
             if skipped:
                 waiting.extendleft(reversed(skipped))  # back at the front, in order
             if len(running) > self.peak_running:  # (only admissions add to it)
                 self.peak_running = len(running)
 
-        samples = plan.samples
-        if config.async_scheduling:
-            for request, num_new in plan.scheduled:
-                request.num_computed += num_new
-                request.in_flight += num_new
-                sample = request.num_computed >= request.num_tokens + request.placeholders
-                if sample:
-                    request.placeholders += 1
-                samples.append(sample)
-        else:
-            for request, num_new in plan.scheduled:
-                request.num_computed += num_new
-                samples.append(request.num_computed >= request.num_tokens)
+        plan.decodes += decodes
+        plan.decode_context += decode_context
         return plan
+
+    def _count_scheduled(self, plan: StepPlan, request: SimRequest, num_new: int) -> None:
+        """Give ``request`` ``num_new`` tokens in ``plan``: progress is counted when
+        scheduled (nothing later in ``schedule()`` reads a scheduled request's progress); it
+        samples if that completes what it knows (async: a placeholder for the token)."""
+        before = request.num_computed
+        request.num_computed = computed = before + num_new
+        if self.config.async_scheduling:
+            request.in_flight += num_new
+            sample = computed >= request.num_tokens + request.placeholders
+            if sample:
+                request.placeholders += 1
+        else:
+            sample = computed >= request.num_tokens
+        plan.scheduled.append((request, num_new))
+        plan.samples.append(sample)
+        if num_new == 1 and sample and before >= request.prompt:
+            plan.decodes += 1
+            plan.decode_context += before + 1
+        else:
+            plan.prefill_chunks.append((before, num_new))
 
     def steady_run(self, past_finishes: bool = False) -> SteadyRun | None:
         """The steps, starting now, whose composition is certain without scheduling them:
@@ -626,14 +657,15 @@ class Scheduler:
                 self._retire(finished)
             return finished
         caching, size = self.kv.enable_caching, self.config.block_size
+        done, running = Status.FINISHED, Status.RUNNING
         for (request, num_new), sample in zip(plan.scheduled, plan.samples, strict=True):
-            if request.status is Status.FINISHED:
+            if request.status is done:
                 continue
             request.in_flight -= num_new
-            stale = request.stale > 0
+            stale = request.stale
             if stale:
-                request.stale -= num_new
-                if not request.stale:
+                request.stale = stale - num_new
+                if stale == num_new:
                     self.num_stale -= 1
             if not sample:
                 continue
@@ -644,9 +676,9 @@ class Scheduler:
                 request.placeholders -= 1
             if (
                 caching
-                and request.status is Status.RUNNING
                 and (known := request.num_computed - request.placeholders) // size
                 > request.num_cached_blocks
+                and request.status is running
             ):
                 self.kv.cache_full_blocks(request, known)
             if request.num_output >= request.max_tokens or request.num_tokens >= max_model_len:
