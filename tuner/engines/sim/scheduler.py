@@ -172,16 +172,15 @@ class Scheduler:
 
         block_size, caching = config.block_size, kv.enable_caching
         asynchronous = config.async_scheduling
-        scheduled, samples = plan.scheduled, plan.samples
+        add_scheduled, add_sample = plan.scheduled.append, plan.samples.append
         decodes = decode_context = 0
-        index = 0
-        while index < len(running) and budget > 0:
-            request = running[index]
+        for request in running:  # (a preemption pops the list's tail: the loop stops sooner)
+            if budget <= 0:
+                break
             computed = request.num_computed
             placeholders = request.placeholders
             if placeholders and computed + 2 - placeholders >= request.prompt + request.max_tokens:
-                index += 1  # async: the steps in flight sample its last token
-                continue
+                continue  # async: the steps in flight sample its last token
             num_new = request.num_tokens + placeholders - computed
             if (
                 num_new == 1
@@ -199,21 +198,19 @@ class Scheduler:
                 if asynchronous:
                     request.in_flight += 1
                     request.placeholders = placeholders + 1
-                scheduled.append((request, 1))
-                samples.append(True)
+                add_scheduled((request, 1))
+                add_sample(True)
                 if computed >= request.prompt:
                     decodes += 1
                     decode_context += computed + 1
                 else:
                     plan.prefill_chunks.append((computed, 1))
                 budget -= 1
-                index += 1
                 continue
             if 0 < threshold < num_new:
                 num_new = threshold
             num_new = min(num_new, budget, max_model_len - request.num_computed - 1)
             if num_new <= 0:
-                index += 1
                 continue
             allocated = True
             while not kv.allocate_slots(request, num_new):
@@ -227,7 +224,6 @@ class Scheduler:
                 break
             self._count_scheduled(plan, request, num_new)
             budget -= num_new
-            index += 1
 
         if not plan.preempted:
             skipped: list[SimRequest] = []
