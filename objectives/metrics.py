@@ -14,7 +14,6 @@ alone turns records into TTFT, TPOT, ITL and E2E statistics:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
@@ -98,11 +97,10 @@ def _summarize(records: Sequence[RequestRecord]) -> RunMetrics:
     # All requests at once (a long simulated trace has millions of tokens): the same float
     # operations, in the same order, as request by request.
     counts = np.fromiter((len(r.token_times_s) for r in done), dtype=np.int64, count=len(done))
-    times = np.fromiter(
-        itertools.chain.from_iterable(r.token_times_s for r in done),
-        dtype=float,
-        count=int(counts.sum()),
-    )
+    # (Each request's times read as one array: the simulator's are ``array('d')``, read
+    # through the buffer protocol, not a float at a time.)
+    parts = [np.asarray(r.token_times_s, dtype=float) for r in done]
+    times = np.concatenate(parts) if parts else np.empty(0)
     sent = np.fromiter((r.sent_s for r in done), dtype=float, count=len(done))
     firsts = np.cumsum(counts) - counts
     lasts = firsts + counts - 1
