@@ -247,15 +247,23 @@ def _check_invariants(trace: Trace, config: SimConfig) -> dict[str, int]:
         assert step.running_after <= config.max_num_seqs
         for request_id in step.preempted:
             computed.pop(request_id, None)
+        decoding = prefilling = 0
         for request_id, n in step.scheduled.items():
             if request_id in step.admitted_cached_tokens:
                 computed[request_id] = step.admitted_cached_tokens[request_id]
             start = computed[request_id]  # contiguous: each chunk starts where the last ended
             prompt, _ = lengths[request_id]
+            samples = start + n >= prompt + outputs[request_id]
+            if n == 1 and samples and start >= prompt:  # a decode: one sampled token after
+                decoding += 1  # the prompt (not a resumed request's recomputed output)
+            else:
+                prefilling += n
             computed[request_id] = start + n
             if computed[request_id] >= prompt + outputs[request_id]:
                 outputs[request_id] += 1
             assert computed[request_id] <= prompt + outputs[request_id]  # never past the end
+        # What the cost model is told (a decode reads its context, a chunk computes pairs).
+        assert (step.decode_tokens, step.prefill_tokens) == (decoding, prefilling)
     if result.stalled is None:
         for request in trace.requests:
             prompt, output = lengths[request.id]
