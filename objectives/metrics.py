@@ -97,10 +97,13 @@ def _summarize(records: Sequence[RequestRecord]) -> RunMetrics:
     # All requests at once (a long simulated trace has millions of tokens): the same float
     # operations, in the same order, as request by request.
     counts = np.fromiter((len(r.token_times_s) for r in done), dtype=np.int64, count=len(done))
-    # (Each request's times read as one array: the simulator's are ``array('d')``, read
-    # through the buffer protocol, not a float at a time.)
-    parts = [np.asarray(r.token_times_s, dtype=float) for r in done]
-    times = np.concatenate(parts) if parts else np.empty(0)
+    # (Each request's times copied in as a slice: the simulator's are ``array('d')``, read
+    # through the buffer protocol, not a float at a time; no more memory than the times.)
+    times = np.empty(int(counts.sum()))
+    position = 0
+    for record, count in zip(done, counts.tolist(), strict=True):
+        times[position : position + count] = record.token_times_s
+        position += count
     sent = np.fromiter((r.sent_s for r in done), dtype=float, count=len(done))
     firsts = np.cumsum(counts) - counts
     lasts = firsts + counts - 1
