@@ -316,9 +316,10 @@ class Scheduler:
         if self.waiting and config.enable_chunked_prefill and self._decoding(running[-1]):
             # The waiting head first, cheaply: if it is admitted with the most budget a run
             # could leave (every running request takes a token at least), it is admitted
-            # with any budget left above 0 (its chunk only shrinks). None left needs the
-            # requests before the last, decoding one to take all but a token: then this
-            # only misses a run (stepping is exact) and saves an O(running) composition.
+            # with any budget left above 0 (its chunk only shrinks), so no run. A run with
+            # no budget left needs the requests before the last (which decodes) to take all
+            # but one token: this misses that rare run (stepping is exact), and otherwise
+            # saves an O(running) composition.
             most = config.max_num_batched_tokens - len(running)
             if most > 0 and not self._head_blocked(len(running), most):
                 return None
