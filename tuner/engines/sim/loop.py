@@ -59,7 +59,8 @@ class StepRecord:
     """How long it computed (0 for a step that only preempted: it runs no model, and the next
     step starts at the same time)."""
     scheduled: dict[str, int]
-    """Tokens scheduled per request id, in scheduling order."""
+    """Tokens scheduled per request id, in scheduling order (read only: the records of a
+    fast-forwarded run's steps between two finishes share one)."""
     admitted_cached_tokens: dict[str, int]
     """Requests admitted (or resumed) this step → their tokens served by the prefix cache."""
     prefill_tokens: int
@@ -747,21 +748,22 @@ class _Loop:
         self.step_index += steps
         if self.on_step is None or records is None:
             return
-        waiting = len(self.scheduler.waiting)
+        on_step, waiting = self.on_step, len(self.scheduler.waiting)
+        prefill_tokens, chunks = records.run.prefill_tokens, len(records.run.chunks)
         taken = zip(starts[:steps], ends[:steps], used[:steps], strict=True)
         for offset, (start, end, blocks) in enumerate(taken):
-            scheduled, finished = records.step(offset)
-            self.on_step(
+            scheduled, finished = records.step_ids(offset)
+            on_step(
                 StepRecord(
                     index=first + offset,
                     start_s=start / NS,
                     duration_s=(end - start) / NS,
-                    scheduled={r.id: n for r, n in scheduled.items()},
+                    scheduled=scheduled,
                     admitted_cached_tokens={},
-                    prefill_tokens=records.run.prefill_tokens,
-                    decode_tokens=len(scheduled) - len(records.run.chunks),
+                    prefill_tokens=prefill_tokens,
+                    decode_tokens=len(scheduled) - chunks,
                     preempted=(),
-                    finished=tuple(r.id for r in finished),
+                    finished=finished,
                     running_after=len(scheduled) - len(finished),
                     waiting_after=waiting,
                     kv_blocks_in_use=blocks,
@@ -786,6 +788,8 @@ class _RunRecords:
         """The steps that finish someone, in order."""
         self._gone = 0
         """Of those, how many have had their requests dropped from ``scheduled``."""
+        self._ids: dict[str, int] | None = None
+        """``scheduled`` by request id, until a request leaves it."""
 
     def step(self, index: int) -> tuple[dict[SimRequest, int], list[SimRequest]]:
         """Step ``index``'s tokens per request and the requests it finishes; steps are asked
@@ -795,7 +799,16 @@ class _RunRecords:
             for request in self.finishing[ends[self._gone]]:
                 del self.scheduled[request]
             self._gone += 1
+            self._ids = None
         return self.scheduled, self.finishing.get(index, [])
+
+    def step_ids(self, index: int) -> tuple[dict[str, int], tuple[str, ...]]:
+        """:meth:`step` by request id, for a step record: the steps between two finishes
+        share one dict (a record's ``scheduled`` is read, never changed)."""
+        _, finished = self.step(index)
+        if self._ids is None:
+            self._ids = {request.id: tokens for request, tokens in self.scheduled.items()}
+        return self._ids, tuple(request.id for request in finished) if finished else ()
 
     def plan(self, index: int) -> StepPlan:
         """Step ``index`` (the last) as a plan, to be applied as any step in flight is."""
