@@ -154,3 +154,28 @@ def test_installed_console_script(tmp_path: Path) -> None:
         result.stderr == f"error: {bad}:2: field 'GeneratedTokens': expected a whole number, "
         "got 'x'\n"
     )
+
+
+def test_the_entry_point_leaves_the_collector_on_and_the_loaded_modules_frozen() -> None:
+    """The console script loads the command line with the garbage collector off: it must be
+    on again when the command runs (a command left without it would leak every cycle), the
+    loaded modules frozen and the young generation's threshold raised (``entry``)."""
+    program = (
+        "import gc, sys\n"
+        "from prefill_tuner import entry\n"
+        "sys.argv = ['tune', '--version']\n"
+        "try:\n"
+        "    entry.main()\n"
+        "except SystemExit as done:\n"
+        "    assert done.code in (0, None), done.code\n"
+        "print(gc.isenabled(), gc.get_freeze_count(), gc.get_threshold()[0])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True
+    )
+    version, state = result.stdout.splitlines()
+    enabled, frozen, young = state.split()
+    from prefill_tuner.entry import YOUNG_COLLECTION_EVERY
+
+    assert version.startswith("tune ")
+    assert enabled == "True" and int(frozen) > 50_000 and int(young) == YOUNG_COLLECTION_EVERY
