@@ -30,14 +30,14 @@ def main() -> None:
     gc.disable()  # loading makes 150,000 objects that stay: collecting meanwhile frees none
     try:
         from prefill_tuner.cli import main as run
+
+        _collect_for_a_command()  # (a stop meanwhile is one while it loads)
     except KeyboardInterrupt:
         from prefill_tuner.exit_codes import INTERRUPTED
 
         ignore_from_now()
         print("error: interrupted", file=sys.stderr)
         sys.exit(INTERRUPTED)
-    finally:
-        _collect_for_a_command()
     try:
         run()
     finally:
