@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefill_tuner.engines.sim import (
@@ -57,7 +57,9 @@ def assert_identical(runs) -> None:
         list(r.token_times_s) for r in slow.records
     ]
     assert [r.sent_s for r in fast.records] == [r.sent_s for r in slow.records]
-    assert fast.metrics == slow.metrics
+    # Compared as written: a statistic of no values is NaN (a scenario where no request has
+    # a second token has no TPOT), and NaN == NaN only when both are the same float object.
+    assert repr(fast.metrics) == repr(slow.metrics)
     assert (fast.peak_kv_blocks, fast.preemptions) == (slow.peak_kv_blocks, slow.preemptions)
 
 
@@ -100,6 +102,7 @@ def test_fast_forward_is_exact_under_a_client_limit(async_scheduling: bool, limi
 
 @settings(max_examples=80)
 @given(st.integers(0, 2**31), st.booleans(), st.sampled_from([None, 1, 2, 3]))
+@example(87051068, False, None)  # no request gets a second token: TPOT and ITL are NaN
 def test_fast_forward_is_exact_on_random_scenarios(
     seed: int, async_scheduling: bool, limit: int | None
 ) -> None:
