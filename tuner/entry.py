@@ -7,8 +7,8 @@ It also sets the process's garbage collection (:func:`_collect_for_a_command`): 
 the command line loads are most of its heap and live as long as it does, and what a command
 makes (trials, simulations, reports) is freed by reference counting almost all, so the
 collector's default of a pass every 700 new container objects, rescanning the whole heap every
-few dozen passes, spent about 0.9 s of the main job (``tune run --slo p99_tpot=50ms``) and
-0.13 s of every command's start finding nothing to free (``benchmarks/RESULTS.md``)."""
+few dozen passes, spent about a second of the main job (``tune run --slo p99_tpot=50ms``) and
+0.13 s of every command's start finding almost nothing to free (``benchmarks/RESULTS.md``)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import sys
 
 YOUNG_COLLECTION_EVERY = 10_000
 """New container objects between two passes of the collector over its youngest generation
-(Python's default: 700). The older generations' thresholds are kept: a full pass still comes
-after ten young ones that promote objects, a cycle is still freed, only later (the main job's
-peak memory grows by 2 MB of its 220)."""
+(Python's default: 700). The older generations' thresholds are kept (a middle pass every ten
+young ones, a full pass every ten middle ones once enough has survived): a cycle is still
+freed, only later (the main job's peak memory grows by 2 MB of its 220)."""
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
     from prefill_tuner.stopping import ignore_from_now, install_for_process
 
     install_for_process()  # SIGTERM too: a stop while it loads is an interrupt
-    gc.disable()  # loading makes 150,000 objects that stay: collecting meanwhile frees none
+    gc.disable()  # loading makes 180,000 objects that stay: collecting meanwhile frees none
     try:
         from prefill_tuner.cli import main as run
 

@@ -1,0 +1,74 @@
+"""What the main job's diagnosis and report pay to see a simulated trial's steps: the trial
+simulated again with every step recorded (``prefill_tuner.diagnosis.runs.trial_view``), CPU
+seconds, for the study's baseline and its recommended trial (the two ``tune run`` rebuilds).
+
+    .venv/bin/python benchmarks/diagnosis_views.py sqlite:///tune.db [--study NAME]
+        [--repeat 5] [--trials 0 21]
+
+Make the study once (``tune run --slo p99_tpot=50ms --storage sqlite:///tune.db``, the main
+job), then run this with each checkout's interpreter in turn. Prints per trial its steps and
+the median CPU time over ``--repeat`` rebuilds (the view's cache cleared before each), then a
+digest of every view's steps and request records: two checkouts that rebuild alike print the
+same digest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import statistics
+import time
+
+from prefill_tuner.diagnosis import runs
+from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.summary import study_trace
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("storage")
+    parser.add_argument("--study", help="the study's name (default: the only one stored)")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--trials",
+        type=int,
+        nargs="+",
+        help="trial numbers (default: 0, the baseline, and the recommended trial)",
+    )
+    args = parser.parse_args()
+    store = TunerStore(args.storage, create=False)
+    names = [args.study] if args.study else store.study_names()
+    if len(names) != 1:
+        parser.error(f"--study: one of {', '.join(names)}")
+    record = store.get_study(names[0])
+    if record is None:
+        parser.error(f"--study: no study {names[0]}")
+    trace, why = study_trace(record)
+    if trace is None:
+        parser.error(f"the study's trace: {why}")
+    trials = {trial.trial_number: trial for trial in store.trials(record)}
+    numbers = args.trials or [0, *([record.headroom["recommended"]] if record.headroom else [])]
+    digest = hashlib.sha256()
+    for number in numbers:
+        if number not in trials:
+            parser.error(f"--trials: the study has no trial {number}")
+        seconds = []
+        for _ in range(args.repeat):
+            runs._simulated_view.cache_clear()
+            started = time.process_time()
+            view = runs.trial_view(record, trials[number], trace)
+            seconds.append(time.process_time() - started)
+        for step in view.steps:
+            digest.update(repr(dataclasses.astuple(step)).encode())
+        for request in view.records:
+            digest.update(repr((request.id, request.sent_s, list(request.token_times_s))).encode())
+        print(
+            f"trial {number}: {len(view.steps):,} steps; CPU median "
+            f"{statistics.median(seconds):.3f} s (min {min(seconds):.3f}, n={args.repeat})"
+        )
+    print(f"digest {digest.hexdigest()[:16]}")
+
+
+if __name__ == "__main__":
+    main()
