@@ -20,9 +20,9 @@ import hashlib
 import statistics
 import time
 
+from study_trials import stored_study  # (this folder's: run as a script)
+
 from prefill_tuner.diagnosis import runs
-from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study.summary import study_trace
 
 
 def main() -> None:
@@ -37,16 +37,7 @@ def main() -> None:
         help="trial numbers (default: 0, the baseline, and the recommended trial)",
     )
     args = parser.parse_args()
-    store = TunerStore(args.storage, create=False)
-    names = [args.study] if args.study else store.study_names()
-    if len(names) != 1:
-        parser.error(f"--study: one of {', '.join(names)}")
-    record = store.get_study(names[0])
-    if record is None:
-        parser.error(f"--study: no study {names[0]}")
-    trace, why = study_trace(record)
-    if trace is None:
-        parser.error(f"the study's trace: {why}")
+    store, record, trace = stored_study(parser, args.storage, args.study)
     trials = {trial.trial_number: trial for trial in store.trials(record)}
     numbers = args.trials or [0, *([record.headroom["recommended"]] if record.headroom else [])]
     digest = hashlib.sha256()

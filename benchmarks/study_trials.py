@@ -20,8 +20,32 @@ import time
 
 from prefill_tuner.engines.sim import SimConfig, simulate
 from prefill_tuner.engines.sim.cost_model import profile_from_record
+from prefill_tuner.errors import TunerError
+from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.summary import study_trace
+from prefill_tuner.trace.model import Trace
+
+
+def stored_study(
+    parser: argparse.ArgumentParser, storage: str, name: str | None
+) -> tuple[TunerStore, StudyRecord, Trace]:
+    """The study ``name`` (``None``: the only one stored) and its trace, or the parser's
+    one-line error saying why not."""
+    try:
+        store = TunerStore(storage, create=False)
+    except TunerError as exc:
+        parser.error(str(exc))
+    names = [name] if name else store.study_names()
+    if len(names) != 1:
+        parser.error(f"--study: one of {', '.join(names)}")
+    record = store.get_study(names[0])
+    if record is None:
+        parser.error(f"--study: no study {names[0]}")
+    trace, why = study_trace(record)
+    if trace is None:
+        parser.error(f"the study's trace: {why}")
+    return store, record, trace
 
 
 def main() -> None:
@@ -30,16 +54,7 @@ def main() -> None:
     parser.add_argument("--study", help="the study's name (default: the only one stored)")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    store = TunerStore(args.storage, create=False)
-    names = [args.study] if args.study else store.study_names()
-    if len(names) != 1:
-        parser.error(f"--study: one of {', '.join(names)}")
-    record = store.get_study(names[0])
-    if record is None:
-        parser.error(f"--study: no study {names[0]}")
-    trace, why = study_trace(record)
-    if trace is None:
-        parser.error(str(why))
+    store, record, trace = stored_study(parser, args.storage, args.study)
     runs = []
     for trial in store.trials(record):
         resolved = dict(trial.resolved_config)
