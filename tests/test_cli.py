@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from prefill_tuner.entry import YOUNG_COLLECTION_EVERY
 from prefill_tuner.trace import read_trace
 from tests.conftest import AZURE, BURSTGPT, MOONCAKE
 
@@ -175,7 +176,5 @@ def test_the_entry_point_leaves_the_collector_on_and_the_loaded_modules_frozen()
     )
     version, state = result.stdout.splitlines()
     enabled, frozen, young = state.split()
-    from prefill_tuner.entry import YOUNG_COLLECTION_EVERY
-
     assert version.startswith("tune ")
     assert enabled == "True" and int(frozen) > 50_000 and int(young) == YOUNG_COLLECTION_EVERY
