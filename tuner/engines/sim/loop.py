@@ -719,14 +719,14 @@ class _Loop:
             return None
         queue.popleft()
         self.busy += busy  # (each step's end less its start)
-        records = _RunRecords(run, steps)
+        records = _RunRecords(run, steps) if self.on_step is not None else None
         self._emit(previous, [])  # (nobody's last token was in it)
         arrived = [previous.end, *ends[:-1]]
         chunks = [(r.num_computed + chunk * (steps - 1), chunk) for r, chunk in run.chunks]
         used, _ = scheduler.apply_steady_run(run, steps, list(map(truediv, arrived, repeat(NS))))
         self.peak_blocks = max(self.peak_blocks, max(used))
         self._emit_run(records, starts, ends, used, steps - 1)
-        last = records.plan(steps - 1)
+        last = _last_step(run, steps)
         decodes = len(last.scheduled) - len(chunks)
         # (What its record says of it; its time is known.)
         shape = _shape_with_chunks(decodes, len(last.scheduled), 0, chunks)
@@ -778,7 +778,6 @@ class _RunRecords:
     def __init__(self, run: SteadyRun, steps: int) -> None:
         self.run = run
         self.scheduled: dict[SimRequest, int] = dict(run.order)
-        self.prefilling = {id(request) for request, _ in run.chunks}
         self.finishing: dict[int, list[SimRequest]] = {}
         """Step → the requests whose last token it produces (in running order)."""
         for request, last in zip(run.decodes, run.lasts, strict=True):
@@ -810,11 +809,23 @@ class _RunRecords:
             self._ids = {request.id: tokens for request, tokens in self.scheduled.items()}
         return self._ids, tuple(request.id for request in finished) if finished else ()
 
-    def plan(self, index: int) -> StepPlan:
-        """Step ``index`` (the last) as a plan, to be applied as any step in flight is."""
-        scheduled, _ = self.step(index)
-        samples = [id(request) not in self.prefilling for request in scheduled]
-        return StepPlan(scheduled=list(scheduled.items()), samples=samples)
+
+def _last_step(run: SteadyRun, steps: int) -> StepPlan:
+    """The last of a fast-forwarded run's ``steps`` steps as a plan, to be applied as any step
+    in flight is: every request of the run but those whose last token an earlier step
+    produced (a plain decode run goes on past finishes), each sampling unless it prefills."""
+    lasts = run.lasts
+    if not lasts or min(lasts) >= steps:
+        scheduled = list(run.order)
+    else:
+        ended = zip(run.decodes, lasts, strict=True)
+        gone = {id(request) for request, last in ended if last < steps}
+        scheduled = [item for item in run.order if id(item[0]) not in gone]
+    if not run.chunks:
+        return StepPlan(scheduled=scheduled, samples=[True] * len(scheduled))
+    prefilling = {id(request) for request, _ in run.chunks}
+    samples = [id(request) not in prefilling for request, _ in scheduled]
+    return StepPlan(scheduled=scheduled, samples=samples)
 
 
 def _shape_with_chunks(
