@@ -161,7 +161,16 @@ def vllm_python() -> Path:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that starts vLLM is slow too: ``-m 'not slow'`` leaves out both kinds."""
+    """A test that starts vLLM is slow too: ``-m 'not slow'`` leaves out both kinds. Both
+    kinds run first (the vLLM ones before the others, each in file order): on the suite's
+    workers, a test of minutes started last would leave the other worker idle meanwhile;
+    started first, the short tests fill in around it."""
     for item in items:
         if item.get_closest_marker("real_engine") is not None:
             item.add_marker(pytest.mark.slow)
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("real_engine") is None,
+            item.get_closest_marker("slow") is None,
+        )
+    )
