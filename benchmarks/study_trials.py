@@ -19,7 +19,7 @@ import statistics
 import time
 
 from prefill_tuner.engines.sim import SimConfig, simulate
-from prefill_tuner.engines.sim.cost_model import profile_from_record
+from prefill_tuner.engines.sim.cost_model import StepModel, profile_from_record
 from prefill_tuner.errors import TunerError
 from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TunerStore
@@ -48,6 +48,20 @@ def stored_study(
     return store, record, trace
 
 
+def simulated_trials(store: TunerStore, record: StudyRecord) -> list[tuple[SimConfig, StepModel]]:
+    """Each simulated trial's fully resolved engine config and step-time profile, in order
+    (trials that failed or ran on a real server left out)."""
+    runs = []
+    for trial in store.trials(record):
+        resolved = dict(trial.resolved_config)
+        if trial.status != "complete" or "profile" not in resolved:
+            continue
+        profile = profile_from_record(resolved.pop("profile"))
+        fields = {k: v for k, v in resolved.items() if k in SimConfig.model_fields}
+        runs.append((SimConfig(**fields), profile))
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("storage")
@@ -55,14 +69,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     store, record, trace = stored_study(parser, args.storage, args.study)
-    runs = []
-    for trial in store.trials(record):
-        resolved = dict(trial.resolved_config)
-        if trial.status != "complete" or "profile" not in resolved:
-            continue  # failed, or run on a real server
-        profile = profile_from_record(resolved.pop("profile"))
-        fields = {k: v for k, v in resolved.items() if k in SimConfig.model_fields}
-        runs.append((SimConfig(**fields), profile))
+    runs = simulated_trials(store, record)
     passes: list[float] = []
     for _ in range(args.repeat):
         digest, steps, spent = hashlib.sha256(), 0, 0.0
