@@ -64,7 +64,11 @@ class _Counting(KVCache):
         return hit
 
     def free(self, request: SimRequest, *, resumable: bool = False) -> None:
-        COUNTS["freed"] += request.registered_blocks
+        # Its registered blocks (a preempted request's full ones: it registers them first)
+        # enter the free-block map unless another request holds them too.
+        registered = request.num_cached_blocks if resumable else request.registered_blocks
+        held = request.blocks[:registered]
+        COUNTS["freed"] += len(held) - sum(map(self._extra_refs.__contains__, held))
         COUNTS["keys"] += len(request.keys)
         super().free(request, resumable=resumable)
 
