@@ -22,7 +22,7 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, SQLA
 from sqlalchemy.orm import Session, selectinload
 
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import SQLITE_HEADER
+from prefill_tuner.files import SQLITE_HEADER, declare_inputs
 from prefill_tuner.redaction import redact
 from prefill_tuner.search_spaces.render import canonical_command
 from prefill_tuner.search_spaces.rules import canonical
@@ -82,6 +82,7 @@ class TunerStore:
         self.url = url
         """The database URL, password included (never print it: :func:`redact_url`)."""
         parsed = check_storage_url(url, must_exist=not create)
+        declare_inputs(inputs_of(url))  # no output of this command may replace them
         try:
             self.engine: Engine = create_engine(parsed, future=True)
             if parsed.get_backend_name() == "sqlite":
@@ -168,7 +169,7 @@ class TunerStore:
         if not database or database == ":memory:":
             yield  # one process only
             return
-        path = os.path.realpath(f"{database}.lock")
+        path = lock_path(database, ".lock")
         if path in _STUDY_LOCKS_HELD:
             yield  # this process holds it (a screening's study, inside a claim)
             return
@@ -199,7 +200,7 @@ class TunerStore:
         if sqlite and (not database or database == ":memory:"):
             yield True  # one process only
             return
-        where = os.path.realpath(f"{database}.runs.lock") if sqlite else redact_url(self.url)
+        where = lock_path(database, ".runs.lock") if sqlite else redact_url(self.url)
         if (where, study.id) in _RUNS_HELD:
             yield True
             return
@@ -346,16 +347,31 @@ DRIVERS = {"postgresql": "psycopg", "sqlite": "pysqlite"}
 """The driver the tuner supports for each kind of database."""
 
 
+SIDE_FILES = ("-journal", "-wal", "-shm", ".lock", ".runs.lock")
+"""What lives beside a SQLite database: SQLite's rollback journal, write-ahead log and its
+index, and our study and run locks (:meth:`TunerStore.study_lock`, :meth:`TunerStore.run_lock`)."""
+
+
 def inputs_of(url: str) -> list[Path]:
-    """The file a SQLite storage URL names, whether or not it exists yet (none for a database
-    server, an in-memory database or a URL that is no storage URL): what an output option
-    must never replace (:func:`prefill_tuner.files.check_output`)."""
+    """The file a SQLite storage URL names, whether or not it exists yet, and the files beside
+    it (:data:`SIDE_FILES`, by the name given and by the file's resolved name); none for a
+    database server, an in-memory database or a URL that is no storage URL: what an output
+    option must never replace (:func:`prefill_tuner.files.check_output`)."""
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError, TypeError):
         return []
     database = parsed.database if parsed.get_backend_name() == "sqlite" else None
-    return [Path(database)] if database and database != ":memory:" else []
+    if not database or database == ":memory:":
+        return []
+    names = dict.fromkeys([database, os.path.realpath(database)])
+    return [Path(database)] + [Path(f"{name}{side}") for name in names for side in SIDE_FILES]
+
+
+def lock_path(database: str, side: str) -> str:
+    """The lock file beside a SQLite database, named after the file itself (a symbolic link's
+    target), so that every path to one database finds the same lock."""
+    return f"{os.path.realpath(database)}{side}"
 
 
 def check_storage_url(url: str, *, must_exist: bool = False) -> URL:

@@ -148,3 +148,72 @@ def test_one_process_runs_a_study_on_postgresql(postgres_url: str) -> None:
     finally:
         other.dispose()
         store.engine.dispose()
+
+
+PROFILE = Path(__file__).parents[1] / "tuner/engines/sim/profiles/llama-3.1-8b-h100.yaml"
+
+
+@pytest.fixture
+def inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working folder holding a trace, a profile, a space file and a model config."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(AZURE, tmp_path / "t.csv")
+    shutil.copy(PROFILE, tmp_path / "p.yaml")
+    (tmp_path / "space.yaml").write_text("max_num_batched_tokens: 512..8192\n")
+    (tmp_path / "cfg").mkdir()
+    shutil.copy(
+        Path(__file__).parents[1]
+        / "tuner/engines/sim/kernels/models/meta-llama--Llama-3.1-8B-Instruct.json",
+        tmp_path / "cfg/config.json",
+    )
+    return tmp_path
+
+
+SHORT_RUN = ("run", "--trace", "t.csv", "--max-requests", "40", "--slo", "p99_tpot=50ms")
+
+
+@pytest.mark.parametrize(
+    ("command", "victim"),
+    [
+        ((*SHORT_RUN, "--trials", "2", "--profile", "p.yaml", "--report", "p.yaml"), "p.yaml"),
+        ((*SHORT_RUN, "--trials", "2", "--space-file", "space.yaml", "--report", "space.yaml"),
+         "space.yaml"),
+        (("simulate", "--trace", "t.csv", "--max-requests", "40", "--profile", "p.yaml",
+          "--steps-out", "p.yaml"), "p.yaml"),
+        (("profile", "--gpu", "h100_sxm", "--model-config", "cfg", "-o", "cfg/config.json"),
+         "cfg/config.json"),
+        ((*SHORT_RUN, "--trials", "2", "--report", "hard.csv"), "t.csv"),  # a hard link to it
+    ],
+    ids=["run-profile", "run-space-file", "simulate-profile", "profile-config", "hard-link"],
+)  # fmt: skip
+def test_no_output_replaces_an_input_of_its_command(
+    tune, inputs: Path, command: tuple[str, ...], victim: str
+) -> None:
+    os.link(inputs / "t.csv", inputs / "hard.csv")
+    before = _digest(inputs / victim)
+    err = _refused(tune, *command, *(["--storage", "sqlite:///x.db"] if "run" in command else []))
+    assert "is the input file" in err
+    assert _digest(inputs / victim) == before
+    assert not (inputs / "x.db").exists()  # refused before any trial was stored
+
+
+def test_a_report_never_replaces_the_study_trace(tune, inputs: Path) -> None:
+    """The study's stored trace is an input of ``tune report`` (it replays two trials)."""
+    code, _, err = tune(*SHORT_RUN, "--trials", "2", "--study", "rr", "--no-report")
+    assert code == 0, err
+    before = _digest(inputs / "t.csv")
+    err = _refused(tune, "report", "--study", "rr", "-o", "t.csv")
+    assert "is the input file" in err
+    assert _digest(inputs / "t.csv") == before
+
+
+@pytest.mark.parametrize(
+    "side", ["tune.db-journal", "tune.db-wal", "tune.db.lock", "tune.db.runs.lock"]
+)
+def test_no_output_replaces_a_file_beside_the_database(tune, study_db: Path, side: str) -> None:
+    """SQLite deletes a stale journal at the next open, and the locks are the study's: the
+    files beside a database are its own."""
+    err = _refused(tune, "report", "-o", side)
+    assert "is the input file" in err
+    err = _refused(tune, *run_args("sqlite:///tune.db", 2), "--report", side)
+    assert "is the input file" in err

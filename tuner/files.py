@@ -1,6 +1,14 @@
 """Reading input files, and writing output files so that they appear whole or not at all: the
 one reader and the one writer every command uses (traces, profiles, space files, step traces,
-exports, reports)."""
+exports, reports).
+
+One rule keeps a command from destroying what it was given: every file it reads is an *input*
+(:func:`read_input` records it; :func:`declare_inputs` records one read another way, such as a
+study's database and the files SQLite keeps beside it), and no output may be one of them
+(:func:`check_output`), compared by identity (the same inode through a symbolic or hard link)
+or, for a file not made yet, by resolved path. A command's inputs are recorded from
+:func:`command_inputs` on (the console entry opens one per command).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +16,9 @@ import errno
 import os
 import stat
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import IO
 
@@ -21,13 +30,79 @@ WRITE_FAILURES = frozenset(
 """Errors of the system, not of the user's input: a full disk, a read-only file system..."""
 
 
-def read_input(path: str | Path) -> bytes:
-    """A regular file's bytes; :class:`OSError` (with a ``strerror`` to quote) for anything
-    else: a device may never end (``/dev/zero``) and a pipe cannot be read twice."""
+MAX_INPUT_BYTES = 4 * 2**30
+"""The largest input read at all (4 GiB: a month of a busy service's trace); each kind of input
+has its own, smaller bound (:data:`prefill_tuner.yaml_input.MAX_YAML_BYTES`...)."""
+
+
+def read_input(path: str | Path, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
+    """A regular file's bytes, at most ``max_bytes`` of them, recorded as an input of the
+    command (:func:`declare_inputs`); :class:`OSError` (with a ``strerror`` to quote) for
+    anything else: a device may never end (``/dev/zero``), a pipe cannot be read twice, and a
+    file over the bound is refused by its size, not read."""
     file = Path(path)
-    if file.exists() and not file.is_file() and not file.is_dir():  # read_bytes names a dir
-        raise OSError(errno.EINVAL, "not a regular file (a device, FIFO or socket)")
-    return file.read_bytes()
+    with open(file, "rb") as stream:  # a folder: IsADirectoryError, in the system's words
+        info = os.fstat(stream.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a device, FIFO or socket)")
+        if info.st_size > max_bytes:
+            raise OSError(
+                errno.EFBIG, f"{_size(info.st_size)}, over this input's {_size(max_bytes)}"
+            )
+        declare_inputs([file])
+        data = stream.read(max_bytes + 1)  # a file that grows while read is still bounded
+    if len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"grew over this input's {_size(max_bytes)} while read")
+    return data
+
+
+def _size(count: int) -> str:
+    """``1.5 GiB``, ``16 MiB``, ``300 bytes``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count} bytes"
+
+
+_Identity = tuple[str, tuple[int, int] | None]
+"""An input: its resolved path, and its (device, inode) when it exists."""
+
+_INPUTS: ContextVar[tuple[_Identity, ...] | None] = ContextVar("_INPUTS", default=None)
+
+
+@contextmanager
+def command_inputs() -> Iterator[None]:
+    """A command's span: the inputs recorded in it (:func:`declare_inputs`) are forgotten at
+    its end, so that one process may run several commands (the test suite does)."""
+    token = _INPUTS.set(())
+    try:
+        yield
+    finally:
+        _INPUTS.reset(token)
+
+
+def declare_inputs(paths: Iterable[str | Path]) -> None:
+    """Record files the command reads (or will create and then read, as a new database), so
+    that no output of the command may replace them (:func:`check_output`). Outside
+    :func:`command_inputs` nothing is recorded."""
+    known = _INPUTS.get()
+    if known is None:
+        return
+    _INPUTS.set(known + tuple(_identity(path) for path in paths))
+
+
+def declared_inputs() -> list[str]:
+    """The resolved paths of the inputs recorded so far in this command."""
+    return [path for path, _ in _INPUTS.get() or ()]
+
+
+def _identity(path: str | Path) -> _Identity:
+    resolved = os.path.realpath(path)
+    try:
+        info = os.stat(resolved)
+    except OSError:
+        return resolved, None
+    return resolved, (info.st_dev, info.st_ino)
 
 
 def why_unreadable(exc: Exception) -> str:
@@ -39,16 +114,22 @@ def why_unreadable(exc: Exception) -> str:
 
 def check_output(path: str | Path, inputs: Sequence[str | Path] = ()) -> Path:
     """The output path, if writing there replaces at most a regular file that is none of
-    ``inputs`` (the command's trace, its database: given or about to be created) and no
-    SQLite database; a one-line :class:`TunerError` otherwise. A symbolic link is refused
-    (not followed, not replaced): name the file it points to."""
+    ``inputs`` nor of the inputs the command recorded (:func:`declare_inputs`: its trace,
+    profile, space file, model config, database and the files beside it...) and no SQLite
+    database, in a folder this process may write; a one-line :class:`TunerError` otherwise.
+    A symbolic link is refused (not followed, not replaced): name the file it points to."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not os.path.isdir(directory):
         raise TunerError(f"{target}: the output folder {str(directory)!r} does not exist")
-    for source in inputs:
-        if _same_file(source, target):
-            raise TunerError(f"{target}: is the input file {source}; write to another file")
+    given = [(str(source), _identity(source)) for source in inputs]
+    recorded = [(path, (path, inode)) for path, inode in _INPUTS.get() or ()]
+    mine = _identity(target)
+    for shown, source in given + recorded:
+        if _same(source, mine):
+            raise TunerError(f"{target}: is the input file {shown}; write to another file")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise TunerError(f"{target}: cannot write in the folder {str(directory)!r}")
     try:
         mode = target.lstat().st_mode
     except FileNotFoundError:
@@ -76,13 +157,10 @@ def check_output(path: str | Path, inputs: Sequence[str | Path] = ()) -> Path:
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-def _same_file(source: str | Path, target: Path) -> bool:
-    """Whether ``target`` is ``source``: the same file, or, while either does not exist yet
-    (a database a command is about to create), the same path once links are resolved."""
-    try:
-        return os.path.samefile(source, target)
-    except OSError:
-        return os.path.realpath(source) == os.path.realpath(target)
+def _same(source: _Identity, target: _Identity) -> bool:
+    """Whether ``target`` is ``source``: the same file (inode), or, while either does not
+    exist (a database a command is about to create), the same path once links are resolved."""
+    return source[0] == target[0] or (source[1] is not None and source[1] == target[1])
 
 
 def _is_database(target: Path) -> bool:

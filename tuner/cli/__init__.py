@@ -31,7 +31,7 @@ from prefill_tuner.cli.trace_cmd import trace_app
 from prefill_tuner.cli.verify_cmd import verify_command
 from prefill_tuner.cli.worker_cmd import worker_command
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import WRITE_FAILURES
+from prefill_tuner.files import WRITE_FAILURES, command_inputs
 from prefill_tuner.redaction import redact_text
 from prefill_tuner.storage.batched import close_databases
 from prefill_tuner.storage.store import mask_password, storage_error
@@ -94,7 +94,8 @@ def main() -> None:
     handles stop signals for the whole process: :mod:`prefill_tuner.stopping`)."""
     try:
         try:
-            code = app(standalone_mode=False, prog_name="tune")  # errors: said in one line
+            with command_inputs():  # what it reads, no output of it may replace
+                code = app(standalone_mode=False, prog_name="tune")  # errors: in one line
         finally:
             close_databases()  # the study is one file again: its WAL checkpointed and removed
             if sys.stdout is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefill_tuner.cli.display import quiet_optuna
-from prefill_tuner.files import check_output
+from prefill_tuner.files import check_output, declare_inputs
 from prefill_tuner.storage.store import TunerStore, inputs_of
 from prefill_tuner.study.plan import check_study_name
 from prefill_tuner.study.summary import find_study
@@ -22,4 +22,9 @@ def open_stored(
         check_output(output, inputs_of(storage))
     quiet_optuna()
     store = TunerStore(storage, create=False)
-    return store, find_study(store, study_name)
+    name = find_study(store, study_name)
+    record = store.get_study(name)
+    if output is not None and record is not None and record.trace_path:
+        declare_inputs([record.trace_path])  # the report reads the study's trace again
+        check_output(output)
+    return store, name

@@ -34,6 +34,7 @@ from prefill_tuner.engines.real.engine import ITERATION_FLAG, VllmEngine
 from prefill_tuner.engines.real.launcher import VllmServer
 from prefill_tuner.engines.real.signals import parse_iteration_log
 from prefill_tuner.errors import TunerError
+from prefill_tuner.files import read_input, why_unreadable
 
 TOLERANCE = {"float32": 1e-3, "float16": 0.05, "bfloat16": 0.1}
 """Largest |Δ log-probability| allowed per prompt token, by the model's dtype (module docs)."""
@@ -149,12 +150,21 @@ def prompts_for(max_model_len: int, vocab: int, seed: int = 0) -> list[list[int]
     return [[rng.randrange(low, vocab) for _ in range(n)] for n in lengths]
 
 
+MAX_REFERENCE_BYTES = 64 * 2**20
+"""A reference holds a few prompts' log-probs and tokens (tens of kB): a larger file is no
+reference, and is refused by its size rather than read."""
+
+
 def load_reference(path: Path) -> list[PromptOutput]:
     """The reference outputs a ``tune verify -o FILE`` wrote; a one-line error otherwise."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        data = read_input(path, MAX_REFERENCE_BYTES)
+    except OSError as exc:
+        raise TunerError(f"{path}: cannot read the reference: {why_unreadable(exc)}") from None
+    try:
+        record = json.loads(data.decode("utf-8"))
         return [PromptOutput(**o) for o in record["outputs"]["reference"]]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         raise TunerError(
             f"{path}: not the output of tune verify -o FILE ({type(exc).__name__}: {exc})"
         ) from None

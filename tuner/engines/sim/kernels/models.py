@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import why_unreadable
+from prefill_tuner.files import read_input, why_unreadable
 
 MODELS_DIR = Path(__file__).parent / "models"
 
@@ -226,6 +226,13 @@ def bundled_models() -> list[str]:
     return sorted(path.stem.replace("--", "/") for path in MODELS_DIR.glob("*.json"))
 
 
+def config_files(model_config: str | os.PathLike[str]) -> list[Path]:
+    """The files ``--model-config`` names: the folder (or file) given and the ``config.json``
+    read from it, so that no output replaces them."""
+    path = Path(model_config)
+    return [path, path / "config.json"] if os.path.isdir(path) else [path]
+
+
 def load_model_shape(name_or_path: str | os.PathLike[str]) -> ModelShape:
     """A model's shape: a ``config.json`` file, a folder holding one, or a bundled model's
     HuggingFace id; a one-line :class:`TunerError` otherwise."""
@@ -247,9 +254,7 @@ def load_model_shape(name_or_path: str | os.PathLike[str]) -> ModelShape:
             )
         path, name = bundled, text
     try:
-        if path.stat().st_size > _MAX_CONFIG_BYTES:
-            raise TunerError(f"{path}: larger than {_MAX_CONFIG_BYTES:,} bytes (not a config.json)")
-        config = json.loads(path.read_bytes().decode("utf-8"))
+        config = json.loads(read_input(path, _MAX_CONFIG_BYTES).decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise TunerError(f"{path}: cannot read the model config: {why_unreadable(exc)}") from None
     return shape_from_config(config, name)
