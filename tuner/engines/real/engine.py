@@ -43,7 +43,7 @@ from prefill_tuner.engines.real.signals import (
 )
 from prefill_tuner.engines.timeline import build_timeline, real_steps
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import atomic_text
+from prefill_tuner.files import atomic_text, read_input
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.objectives.metrics import summarize_run
 from prefill_tuner.redaction import redact, redact_args, remember, secret_values
@@ -436,7 +436,7 @@ def _api_key(args: Sequence[str], env: Mapping[str, str]) -> str | None:
 def _vocab_size(model: str) -> int | None:
     config = Path(model) / "config.json"
     try:
-        value = json.loads(config.read_text()).get("vocab_size")
+        value = json.loads(read_input(config, 2**24)).get("vocab_size")  # an input: kept
     except (OSError, ValueError):
         return None
     return int(value) if isinstance(value, int) and value > 16 else None
