@@ -3,6 +3,7 @@ storage goes through it; serve lines keep the user's own arguments, their secret
 
 from __future__ import annotations
 
+import json
 import shlex
 from datetime import datetime, timezone
 from pathlib import Path
@@ -111,7 +112,8 @@ def test_the_store_never_writes_a_secret(tmp_path: Path) -> None:
             params={},
             settings={},
             repairs=[],
-            serve_command="vllm serve m --api-key sk-store-canary",
+            serve_command="vllm serve m --api-key sk-store-canary --kv-transfer-config "
+            '\'{"kv_connector_extra_config": {"password": "json-store-canary"}}\'',
             resolved_config={"serve_args": ["--hf-token", "hf-store-canary"]},
             trace_sha256="0" * 64,
             shaping={},
@@ -128,9 +130,13 @@ def test_the_store_never_writes_a_secret(tmp_path: Path) -> None:
     )
     store.engine.dispose()
     data = database.read_bytes()
-    assert b"sk-store-canary" not in data and b"hf-store-canary" not in data
+    for canary in (b"sk-store-canary", b"hf-store-canary", b"json-store-canary"):
+        assert canary not in data
     (trial,) = TunerStore(f"sqlite:///{database}").trials(study)
-    assert trial.serve_command == f"vllm serve m --api-key {REDACTED}"
+    assert trial.serve_command == (
+        f"vllm serve m --api-key {REDACTED} --kv-transfer-config "
+        f'\'{{"kv_connector_extra_config": {{"password": "{REDACTED}"}}}}\''
+    )
 
 
 def test_serve_lines_and_yaml_keep_the_users_own_arguments() -> None:
@@ -151,3 +157,104 @@ def test_serve_lines_and_yaml_keep_the_users_own_arguments() -> None:
         "max-num-seqs": 64,
         "no-enable-chunked-prefill": True,
     }
+
+
+KV_CONFIG = (
+    '{"kv_connector":"X","kv_connector_extra_config":'
+    '{"password":"json-canary-1","nested":[{"apiKey":"json-canary-2"}],"port":5}}'
+)
+
+
+def test_secrets_inside_argument_values_are_hidden() -> None:
+    """A URL's password, a JSON field, a ``key=value`` pair named like a secret, inside any
+    server argument's value: hidden in the arguments, found by :func:`secret_values`."""
+    args = [
+        "--otlp-traces-endpoint",
+        "http://u:url-canary-1@host:4317",
+        f"--kv-transfer-config={KV_CONFIG}",
+        "--kv-transfer-config",
+        KV_CONFIG,
+        "--hf-overrides",
+        "user=bob,password=kv-canary-1",
+    ]
+    hidden = redact_args(args)
+    assert hidden[1] == "http://u:***@host:4317"
+    flag, _, value = hidden[2].partition("=")
+    assert flag == "--kv-transfer-config" and value == hidden[4]
+    assert json.loads(hidden[4]) == {
+        "kv_connector": "X",
+        "kv_connector_extra_config": {
+            "password": REDACTED,
+            "nested": [{"apiKey": REDACTED}],
+            "port": 5,
+        },
+    }
+    assert hidden[6] == f"user=bob,password={REDACTED}"
+    assert set(secret_values(args)) == {
+        "url-canary-1",
+        "json-canary-1",
+        "json-canary-2",
+        "kv-canary-1",
+    }
+    # Nothing else is touched: a JSON value without secrets keeps its bytes.
+    plain = ['{"max_tokens":5, "key_size": 3}', "http://host:4317", "max_num_batched_tokens=2048"]
+    assert redact_args(plain) == plain and secret_values(plain) == []
+
+
+def test_secrets_inside_free_text_are_hidden() -> None:
+    """Text that is not whole JSON (a log line, a config's repr, an error): JSON and Python
+    fields, ``key=value`` pairs and URLs' passwords are hidden, and hiding twice changes
+    nothing."""
+    lines = {
+        'non-default args: {"password": "c-1", "kv_role": "kv_both", "pwd": 12345}': (
+            f'non-default args: {{"password": "{REDACTED}", "kv_role": "kv_both", '
+            f'"pwd": "{REDACTED}"}}'
+        ),
+        # A number under a name that also counts or sizes things is no secret.
+        '{"kv_bytes_per_token": 4096, "prefill_token": 0.5} kv_bytes_per_token=4096': (
+            '{"kv_bytes_per_token": 4096, "prefill_token": 0.5} kv_bytes_per_token=4096'
+        ),
+        "KVTransferConfig(kv_connector='X', kv_connector_extra_config={'secret': 'c-2'}, "
+        "api_key='c-3', engine_id=None)": (
+            f"KVTransferConfig(kv_connector='X', kv_connector_extra_config={{'secret': "
+            f"'{REDACTED}'}}, api_key='{REDACTED}', engine_id=None)"
+        ),
+        "{'api_key': ['c-4', 'c-5'], 'max_num_seqs': 8}": (
+            f"{{'api_key': ['{REDACTED}', '{REDACTED}'], 'max_num_seqs': 8}}"
+        ),
+        'Exporting to grpc://:c-6@collector:4317 failed; "pw\\"x"': (
+            'Exporting to grpc://:***@collector:4317 failed; "pw\\"x"'
+        ),
+        "GET /v1?model=m&access_token=c-7&n=1": f"GET /v1?model=m&access_token={REDACTED}&n=1",
+        '{"dbPassword": "a\\"b c"}': f'{{"dbPassword": "{REDACTED}"}}',
+        "tokenizer=gpt2 max_num_batched_tokens=2048 key_size=3": (
+            "tokenizer=gpt2 max_num_batched_tokens=2048 key_size=3"
+        ),
+    }
+    for text, hidden in lines.items():
+        assert redact_text(text) == hidden, text
+        assert redact_text(hidden) == hidden, hidden
+    assert redact({"DbPassword": 42, "enabled": True, "apiKey": False, "per_token": 4}) == {
+        "DbPassword": REDACTED,
+        "enabled": True,
+        "apiKey": False,
+        "per_token": 4,
+    }
+
+
+def test_serve_lines_hide_secrets_inside_values() -> None:
+    user = redact_args(
+        [
+            "--otlp-traces-endpoint",
+            "http://u:url-canary-2@h:4317",
+            "--kv-transfer-config",
+            KV_CONFIG,
+        ]
+    )
+    line = serve_command("m", {"max_num_seqs": 8}, None, user)
+    assert "canary" not in line and redact_text(line) == line
+    config = yaml.safe_load(command_yaml(line))
+    assert config["otlp-traces-endpoint"] == "http://u:***@h:4317"
+    assert json.loads(config["kv-transfer-config"])["kv_connector_extra_config"]["password"] == (
+        REDACTED
+    )
