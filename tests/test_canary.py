@@ -6,11 +6,15 @@ secrets, --api-key and HF_TOKEN, are planted the same way in tests/test_real_eng
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
+from prefill_tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
+from prefill_tuner.redaction import remember, secret_values
 from tests.conftest import AZURE
 
 CANARY = "pw-canary-5e1d9b"
@@ -84,3 +88,68 @@ def test_a_password_canary_is_found_nowhere(
     assert "p99_tpot=50ms" in stored and "vllm serve" in stored  # the rows were read
     assert CANARY not in stored
     assert "***" in "\n".join(said)  # the URL was shown, masked
+
+
+URL_CANARY = "url-canary-3c7a"
+JSON_CANARY = "json-canary-9b2e"
+CANARIES = (URL_CANARY, JSON_CANARY)
+SECRET_ARGS = [
+    "--otlp-traces-endpoint",
+    f"http://u:{URL_CANARY}@127.0.0.1:9",
+    "--kv-transfer-config",
+    json.dumps({"kv_connector": "X", "kv_connector_extra_config": {"password": JSON_CANARY}}),
+]
+FAKE_SERVER = """
+import http.server, json, sys
+args = sys.argv[1:]
+kv_config = json.loads(args[args.index("--kv-transfer-config") + 1])
+print("non-default args:", args, flush=True)
+print("exporting to", args[args.index("--otlp-traces-endpoint") + 1], file=sys.stderr, flush=True)
+print("connector password", kv_config["kv_connector_extra_config"]["password"], flush=True)
+if "--fail" in args:
+    sys.exit("RuntimeError: cannot reach " + args[args.index("--otlp-traces-endpoint") + 1])
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *parts):
+        print("served", self.path, flush=True)
+
+http.server.HTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Health).serve_forever()
+"""
+
+
+def _fake_server(tmp_path: Path, *extra: str) -> ServerSpec:
+    """A server that prints its arguments, the secrets among them, as vLLM's log does."""
+    remember(secret_values(SECRET_ARGS))  # as the real engine does with the arguments given
+    return ServerSpec(
+        model="m",
+        args=[*SECRET_ARGS, *extra],
+        serve_command=[sys.executable, "-c", FAKE_SERVER],
+        log_path=tmp_path / "server.log",
+        startup_timeout_s=60,
+    )
+
+
+def test_a_servers_own_log_hides_the_secrets_in_its_arguments(tmp_path: Path) -> None:
+    """The server gets the real values; its log, as it is written, never holds them."""
+    spec = _fake_server(tmp_path)
+    with VllmServer(spec) as server:
+        assert all(secret in " ".join(server.spec.command(1)) for secret in CANARIES)
+    log = spec.log_path.read_text()  # whole once the server is stopped
+    assert "served /health" in log and "non-default args:" in log
+    assert "http://u:***@127.0.0.1:9" in log
+    assert '"password": "<redacted>"' in log or "'password': '<redacted>'" in log, log
+    assert not [secret for secret in CANARIES if secret in log], log
+
+
+def test_a_failed_servers_log_and_reason_hide_the_secrets(tmp_path: Path) -> None:
+    spec = _fake_server(tmp_path, "--fail")
+    with pytest.raises(ServerStartError) as failed:
+        VllmServer(spec).__enter__()
+    log = spec.log_path.read_text()
+    assert "RuntimeError: cannot reach http://u:***@127.0.0.1:9" in failed.value.reason
+    assert "RuntimeError: cannot reach" in log.splitlines()[-1]  # the whole log, its end too
+    assert not [secret for secret in CANARIES if secret in log + failed.value.reason], log

@@ -88,6 +88,7 @@ class ReplayGuard:
         if code is None:
             return False
         log = self.server.spec.log_path
+        self.server.log_settled()  # its last words, the cause, are written
         self._fail(f"the server exited during the replay: {classify_failure(log, code)}")
         return True
 

@@ -2,7 +2,9 @@
 
 The server runs in its own process group (not its own session: started with ``setsid`` the
 replay client was starved for seconds at a time on small machines, docs/cpu-recipe.md), on a
-free localhost port, with its output in a log file per trial. It is stopped with SIGTERM to
+free localhost port, with its output in a log file per trial, written line by line as it comes
+with every secret hidden (``prefill_tuner.redaction``: vLLM logs its arguments, a tracing
+exporter its endpoint's URL, and the server needs the real values). It is stopped with SIGTERM to
 that group, then SIGKILL if it lingers. If the tuner itself dies without cleaning up (SIGKILL,
 a crash of the interpreter), the kernel sends the server SIGTERM (``PR_SET_PDEATHSIG``), and the
 server stops its own children. Processes are only ever addressed by our own PID or group.
@@ -18,17 +20,23 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 import httpx
 
 from prefill_tuner.errors import TunerError
+from prefill_tuner.redaction import redact_text
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+LOG_SETTLE_S = 2.0
+"""How long a server that exited may take to have its last words in its log (at once when
+none of its processes is left holding its output)."""
 
 
 class ServerStartError(TunerError):
@@ -95,6 +103,7 @@ class VllmServer:
         self.startup_s: float | None = None
         """Seconds from the start to the first healthy answer."""
         self._started = 0.0
+        self._log_writer: threading.Thread | None = None
 
     @property
     def base_url(self) -> str:
@@ -127,18 +136,28 @@ class VllmServer:
             self.process = subprocess.Popen(
                 self.spec.command(self.port),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=env,
                 preexec_fn=_in_own_group_dying_with_parent,
             )
         except OSError as exc:
+            log.close()
             raise ServerStartError(
                 f"cannot run {self.spec.command(self.port)[0]}: {exc.strerror or exc}",
                 self.spec.log_path,
             ) from None
-        finally:
-            log.close()
+        assert self.process.stdout is not None
+        self._log_writer = threading.Thread(
+            target=_write_log, args=(self.process.stdout, log), name="server log", daemon=True
+        )
+        self._log_writer.start()
+
+    def log_settled(self, timeout_s: float = LOG_SETTLE_S) -> None:
+        """Wait, at most ``timeout_s``, until all the server has said is in its log (its
+        processes are gone and their output is written)."""
+        if self._log_writer is not None:
+            self._log_writer.join(timeout_s)
 
     def wait_healthy(self) -> None:
         """Poll ``/health`` until it answers 200; fail early if the server exits."""
@@ -148,6 +167,7 @@ class VllmServer:
             while True:
                 code = self.process.poll()
                 if code is not None:
+                    self.log_settled()
                     raise ServerStartError(
                         classify_failure(self.spec.log_path, code), self.spec.log_path
                     )
@@ -175,7 +195,26 @@ class VllmServer:
         group = process.pid  # its own group (see _in_own_group_dying_with_parent)
         if not _signal_and_wait(process, group, signal.SIGTERM, grace_s, resume=True):
             _signal_and_wait(process, group, signal.SIGKILL, 10.0)
+        self.log_settled()
         self.process = None
+
+
+def _write_log(output: IO[bytes], log: IO[bytes]) -> None:
+    """Copy a server's output to its log as it comes, line by line, every secret hidden
+    (:func:`prefill_tuner.redaction.redact_text`), until the last of its processes closes
+    it. A log that can no longer be written (a full disk) is still read, so that the server
+    never blocks on its output."""
+    writable = True
+    with output, log:
+        for line in output:
+            if not writable:
+                continue
+            text = redact_text(line.decode("utf-8", "surrogateescape"))
+            try:
+                log.write(text.encode("utf-8", "surrogateescape"))
+                log.flush()
+            except OSError:
+                writable = False
 
 
 def group_members(group: int) -> list[int]:
