@@ -4,6 +4,8 @@ waiting while trials run, dead workers' trials failed and their parameters retri
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +23,7 @@ from prefill_tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
 from prefill_tuner.worker.definition import plan_from_record
 from prefill_tuner.worker.loop import run_worker
 from prefill_tuner.worker.shared import SharedStudy, open_shared_study, trial_id
-from tests.support.worker_support import STUDY, create_study, tiny_trace
+from tests.support.worker_support import SLOS, STUDY, create_study, tiny_trace
 
 VALUES = [0.5, 0.02]  # p99_ttft, p99_tpot
 
@@ -154,3 +156,45 @@ def test_the_first_claim_queues_the_rule_trials_after_the_baseline(tune, tmp_pat
     waiting = shared.study.get_trials(states=(TrialState.WAITING,))
     assert waiting and all(t.user_attrs.get("rule") for t in waiting)
     assert len(waiting) <= 3
+
+
+def test_a_run_joining_workers_keeps_the_study_budget(tune, tmp_path: Path) -> None:
+    """Workers hold two of a four-trial study's trials RUNNING when ``tune run`` resumes it:
+    the run finishes two, and its next trial is not run (the budget is spent), so the study
+    never passes four COMPLETE trials. Before, the run ran four of its own (six in all)."""
+    shared = open_worker(tune, tmp_path, trials=4)
+    held = [claimed(claim_trial(shared)), claimed(claim_trial(shared))]
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    code, _, err = tune(
+        "run", "--trace", str(tiny_trace(tmp_path)), *SLOS, "--trials", "4", "--storage",
+        storage, "--study", STUDY, "--no-rule-trials", "--no-report",
+    )  # fmt: skip
+    assert code in (0, 4), err
+    done = shared.study.get_trials(deepcopy=False)
+    assert sum(t.state == TrialState.COMPLETE for t in done) == 2
+    assert all(shared.storage.get_trial(trial_id(shared, t)).state == TrialState.RUNNING
+               for t in held)  # fmt: skip
+    for trial in held:
+        shared.study.tell(trial, VALUES)
+    assert sum(t.state == TrialState.COMPLETE for t in shared.study.get_trials()) == 4
+
+
+def test_a_symbolic_link_to_the_database_is_the_same_run_lock(tune, tmp_path: Path) -> None:
+    """One database, two paths: the run lock is the file's, so the second run is refused
+    (before, each path had a lock of its own and two runs each ran the budget)."""
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    create_study(tune, storage, tiny_trace(tmp_path), 4)
+    (tmp_path / "alias.db").symlink_to(tmp_path / "tune.db")
+    store = TunerStore(f"sqlite:///{tmp_path / 'alias.db'}")
+    record = store.get_study(STUDY)
+    assert record is not None
+    with TunerStore(storage).run_lock(record) as held:
+        assert held
+        probe = (
+            "from prefill_tuner.storage.store import TunerStore\n"
+            f"s = TunerStore({'sqlite:///' + str(tmp_path / 'alias.db')!r})\n"
+            f"with s.run_lock(s.get_study({STUDY!r})) as held: print(held)\n"
+        )
+        # another process: a process's own locks never block it
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        assert out.stdout.strip() == "False", out.stderr

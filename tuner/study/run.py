@@ -33,6 +33,7 @@ from prefill_tuner.search_spaces.space import baseline_outside_note
 from prefill_tuner.storage.batched import BatchedStorage, write_now
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TrialRow, TunerStore
+from prefill_tuner.study.budget import admit, refuse
 from prefill_tuner.study.evaluation import capacity_search, objective_value, verdict_of
 from prefill_tuner.study.first_trials import rule_trials
 from prefill_tuner.study.plan import StudyPlan
@@ -489,6 +490,10 @@ class TrialObjective:
         settings, repairs = effective_settings(sampled, plan.space.fixed, self.max_model_len)
         if outside:
             repairs.insert(0, baseline_outside_note(outside))
+        if self.standalone:  # its settings and runner are stored as it is admitted
+            admitted, running = admit(trial, self.store, self.record, plan.trials)
+            if not admitted:  # workers (or another path to the database) spent the budget
+                raise refuse(trial, running, drop=(RUNNER_ATTR,))
         same = None if trial.user_attrs.get("baseline") else self._same_as(trial, settings)
         if same is not None:
             return self._reuse(trial, same, settings, repairs, started_at, started)

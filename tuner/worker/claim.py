@@ -29,6 +29,7 @@ import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
+from prefill_tuner.study.budget import ADMITTED_ATTR
 from prefill_tuner.study.run import WORKER_ATTR, enqueue_baseline, enqueue_rule_trials, make_sampler
 from prefill_tuner.study.screening import (
     baseline_pending,
@@ -99,6 +100,7 @@ def claim_trial(shared: SharedStudy, say: Callable[[str], None] = lambda text: N
         claimed_id = trial_id(shared, trial)
         shared.storage.record_heartbeat(claimed_id)
         trial.set_user_attr(WORKER_ATTR, shared.worker)
+        trial.set_user_attr(ADMITTED_ATTR, True)  # counted by tune run's budget checks
         retry_of = RetryHeartbeatStaleTrialCallback.retried_trial_number(
             shared.storage.get_trial(claimed_id)
         )
