@@ -1,12 +1,16 @@
 """The whole CLI under a canary secret (a database password, in a URL and in $TUNE_STORAGE):
 run, create-only, worker, pareto, export, report, studies, trials, nightly and their error
 paths; the canary is nowhere
-in what they print, in any file they write, or in any row of the database. (The real engine's
-secrets, --api-key and HF_TOKEN, are planted the same way in tests/test_real_engine_study.py.)"""
+in what they print, in any file they write, or in any row of the database. So are the secrets
+inside server arguments' values (a tracing endpoint's URL password, a KV connector's JSON
+password): in a server's own log as the launcher writes it, and through a real vLLM study.
+(The real engine's --api-key and HF_TOKEN are planted the same way in
+tests/test_real_engine_study.py.)"""
 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -15,7 +19,11 @@ from sqlalchemy import create_engine, inspect, text
 
 from prefill_tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
 from prefill_tuner.redaction import remember, secret_values
+from prefill_tuner.storage.store import TunerStore
 from tests.conftest import AZURE
+from tests.test_real_engine_study import KV_BYTES, vllm_run, workspace
+
+__all__ = ["workspace"]  # the real-engine tests' fixture: a tiny model and a short trace
 
 CANARY = "pw-canary-5e1d9b"
 
@@ -153,3 +161,60 @@ def test_a_failed_servers_log_and_reason_hide_the_secrets(tmp_path: Path) -> Non
     assert "RuntimeError: cannot reach http://u:***@127.0.0.1:9" in failed.value.reason
     assert "RuntimeError: cannot reach" in log.splitlines()[-1]  # the whole log, its end too
     assert not [secret for secret in CANARIES if secret in log + failed.value.reason], log
+
+
+@pytest.mark.real_engine
+def test_secrets_inside_server_arguments_are_found_nowhere(tune, workspace: Path) -> None:
+    """A URL's password (a tracing endpoint) and a JSON field (a KV connector's config) in
+    ``--server-arg``s, on real vLLM: the server gets the real values; its log under
+    ``--log-dir``, the database, every file written and everything printed never do."""
+    kv_store = workspace / "kv"
+    kv_config = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "shared_storage_path": str(kv_store),
+            "password": JSON_CANARY,
+        },
+    }
+    said: list[str] = []
+
+    def run(*args: str) -> None:
+        code, out, err = tune(*args)
+        said.extend([out, err])
+        assert code == 0, err
+
+    code, out, err = vllm_run(
+        tune,
+        workspace,
+        1,
+        "--server-arg",
+        f"{KV_BYTES} --otlp-traces-endpoint http://u:{URL_CANARY}@127.0.0.1:9",
+        "--server-arg",
+        f"--kv-transfer-config {shlex.quote(json.dumps(kv_config))}",
+    )
+    said.extend([out, err])
+    assert code == 0, err
+    storage = ("--storage", f"sqlite:///{workspace / 'tune.db'}")
+    run("pareto", *storage, "--study", "real")
+    run("trials", *storage, "--study", "real")
+    run("report", *storage, "--study", "real", "-o", str(workspace / "real.html"))
+    for fmt in ("shell", "yaml", "json"):
+        run("export", "--format", fmt, "-o", str(workspace / f"export.{fmt}"), *storage)
+
+    (trial,) = TunerStore(storage[1]).trials(TunerStore(storage[1]).get_study("real"))
+    assert trial.status == "complete", trial.failure_reason
+    assert any(kv_store.iterdir())  # the server's connector had its real config
+    written = [path for path in workspace.rglob("*") if path.is_file()]
+    assert (workspace / "real.html") in written and (workspace / "export.yaml") in written
+    leaks = {
+        canary: [path.name for path in written if canary.encode() in path.read_bytes()]
+        + [f"output {n}" for n, text in enumerate(said) if canary in text]
+        for canary in CANARIES
+    }
+    assert leaks == {canary: [] for canary in CANARIES}
+    # Shown, hidden: in the serve line, and in the server's log (vLLM logs its arguments).
+    assert "http://u:***@127.0.0.1:9" in trial.serve_command
+    assert '"password": "<redacted>"' in trial.serve_command
+    logs = [path.read_text() for path in (workspace / "logs").glob("*.log")]
+    assert logs and any("u:***@127.0.0.1:9" in log for log in logs)
