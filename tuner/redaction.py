@@ -20,6 +20,7 @@ A hidden value is written ``<redacted>`` (``--api-key '<redacted>'`` in a shell 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -161,7 +162,9 @@ def _hidden(item: Any, key: str = "") -> Any:
     return redact(item)
 
 
+@functools.lru_cache(maxsize=4096)
 def _secret_key(key: str) -> bool:
+    """A field's name says it holds a secret (the same names recur in every record)."""
     return is_secret_flag(key) or (key.isupper() and is_secret_env(key))
 
 
