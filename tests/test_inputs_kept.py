@@ -217,3 +217,20 @@ def test_no_output_replaces_a_file_beside_the_database(tune, study_db: Path, sid
     assert "is the input file" in err
     err = _refused(tune, *run_args("sqlite:///tune.db", 2), "--report", side)
     assert "is the input file" in err
+
+
+def test_a_resume_with_the_profile_changed_is_refused(tune, inputs: Path) -> None:
+    """The profile file keeps its name but not its content: the study would mix two
+    simulators. Refused, naming what differs, before any trial; the same profile resumes."""
+    args = (*SHORT_RUN, "--profile", "p.yaml", "--study", "c1", "--no-report")
+    code, _, err = tune(*args, "--trials", "2")
+    assert code in (0, 4), err
+    original = (inputs / "p.yaml").read_text()
+    changed = original.replace("\noverhead_ms: 0.5\n", "\noverhead_ms: 0.6\n")
+    assert changed != original
+    (inputs / "p.yaml").write_text(changed)
+    err = _refused(tune, *args, "--trials", "3")
+    assert "exists with a different engine" in err and "sha256" in err
+    (inputs / "p.yaml").write_text(original)
+    code, _, err = tune(*args, "--trials", "3")
+    assert code in (0, 4), err

@@ -218,7 +218,9 @@ def open_study(
         if engine.deterministic:
             # A simulated study's numbers are its profile's (and replica count's): one study
             # must not mix two.
-            ran = {trial.engine_version.version for trial in store.trials(record)}
+            recorded = (record.definition or {}).get("engine_version")
+            ran = {recorded} if recorded else set()
+            ran |= {trial.engine_version.version for trial in store.trials(record)}
             if ran and engine.version not in ran:
                 changes.append(
                     Change(

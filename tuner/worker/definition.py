@@ -36,12 +36,14 @@ RECORDED_ELSEWHERE = frozenset(
 """Fields of :class:`StudyPlan` that the definition's ``options`` leave out."""
 
 
-def definition_of(plan: StudyPlan, *, sort: bool) -> dict[str, Any]:
+def definition_of(plan: StudyPlan, engine: TrialEngine, *, sort: bool) -> dict[str, Any]:
     """What workers need beyond the study record's columns (JSON-ready): the searched ranges,
-    whether the trace was sorted, and every other option of the plan (sampler, start-up
-    trials, capacity tolerance, ...)."""
+    whether the trace was sorted, every other option of the plan (sampler, start-up trials,
+    capacity tolerance, ...), and a deterministic engine's version, which names what decides
+    its numbers (the simulator's profile, by content)."""
     return {
         "version": DEFINITION_VERSION,
+        "engine_version": engine.version if engine.deterministic else None,
         "ranges": {name: knob_range.as_record() for name, knob_range in plan.space.ranges.items()},
         "sort": sort,
         "options": {
@@ -88,6 +90,12 @@ def plan_from_record(
         raise TunerError(
             f"study {name!r} runs on the {record.engine} engine; this worker has "
             f"`engine` {engine.name}"
+        )
+    recorded = definition.get("engine_version")
+    if engine.deterministic and recorded and recorded != engine.version:
+        raise TunerError(
+            f"study {name!r} runs on {recorded}; this worker's engine is {engine.version} "
+            "(give the study's `profile`)"
         )
     space = _space(record, definition, engine)
     try:

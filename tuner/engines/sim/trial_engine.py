@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import weakref
 from typing import Any
 
@@ -31,6 +33,14 @@ _SIM_FIELDS = create_model(
 
 KEPT_RUNS = 256
 """Runs a simulator engine remembers (each a summary: metrics and details, a few KB)."""
+
+
+def profile_words(profile: StepModel) -> str:
+    """A profile as an engine's version names it: its name and a digest of what it holds, so
+    that a study resumed with a profile file whose content changed is told apart (one study
+    must not mix two simulators)."""
+    content = json.dumps(profile.model_dump(mode="json"), sort_keys=True, default=str)
+    return f"{profile.name} (sha256 {hashlib.sha256(content.encode()).hexdigest()[:12]})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +75,7 @@ class SimEngine:
 
     def __init__(self, profile: StepModel) -> None:
         self.profile = profile
-        self.version = f"{SIMULATOR_VERSION}; profile {profile.name}"
+        self.version = f"{SIMULATOR_VERSION}; profile {profile_words(profile)}"
         self.capabilities = EngineCapabilities(engine="sim", version=self.version)
         self.about: tuple[str, ...] = (f"profile {profile.name}: {profile.provenance.summary()}",)
         self.server_args = profile.serve_args  # the machine's flags in every serve line
@@ -200,7 +210,7 @@ class ReplicatedSimEngine(SimEngine):
         self.replicas = replicas
         self.router = router
         self.version = (
-            f"{SIMULATOR_VERSION}; profile {profile.name}; {replicas} replica"
+            f"{SIMULATOR_VERSION}; profile {profile_words(profile)}; {replicas} replica"
             f"{'s' if replicas != 1 else ''} behind a {router} router"
         )
         self.capabilities = EngineCapabilities(engine="sim", version=self.version)
