@@ -18,8 +18,20 @@ SEEDS = {
     "jsonl": b"".join(MOONCAKE.read_bytes().splitlines(keepends=True)[:4]),
     "azure": b"".join(AZURE.read_bytes().splitlines(keepends=True)[:4]),
     "burstgpt": b"".join(BURSTGPT.read_bytes().splitlines(keepends=True)[:4]),
+    # The benchmark tools' exports, cut to their fields (tests/data/tool_exports/ in full).
+    "vllm-bench": b'{"backend": "openai", "request_rate": "inf", "max_concurrency": 2, '
+    b'"input_lens": [5, 7], "output_lens": [3, 0], "start_times": [1.5, 2.5], '
+    b'"queue_times": [0.1, 0.2], "errors": ["", "x"]}\n',
+    "guidellm": b'{"benchmarks": [{"config": {"strategy": {"type_": "concurrent", "streams": 2}}, '
+    b'"metrics": {"request_totals": {"total": 3}}, "requests": {"successful": [{"request_id": '
+    b'"a", "prompt_tokens": 5, "output_tokens": 3, "info": {"timings": {"targeted_start": 1.5}}}'
+    b'], "errored": [{}], "incomplete": []}}]}',
+    "aiperf": b'{"metadata": {"benchmark_phase": "profiling", "credit_issued_ns": 100}, "metrics": '
+    b'{"input_sequence_length": {"value": 5}, "output_sequence_length": {"value": 3}}, '
+    b'"error": null}\n{"metadata": {"request_start_ns": 9}, "metrics": {}, "error": {}}\n',
+    "csv": b"arrival_ms,prompt_tokens,output_tokens,class\n0,5,3,a\n1.5,7,2,\n",
 }
-FORMATS = [None, "jsonl", "azure", "burstgpt"]
+FORMATS = [None, "jsonl", "azure", "burstgpt", "vllm-bench", "guidellm", "aiperf", "csv"]
 NASTY = st.sampled_from(
     [
         b"",
@@ -50,13 +62,13 @@ NASTY = st.sampled_from(
 )
 
 
-def outcome(data: bytes, format: str | None) -> None:
+def outcome(data: bytes, format: str | None, closed_loop: bool = False) -> None:
     """Read ``data``: a trace or a TraceError, and the error message is one line."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fuzz.trace"
         path.write_bytes(data)
         try:
-            read_trace(path, format)
+            read_trace(path, format, closed_loop=closed_loop)
         except TraceError as error:
             assert "\n" not in str(error)
             assert str(error).startswith(str(path)), str(error)
@@ -75,13 +87,14 @@ def test_random_bytes(data: bytes, format: str | None) -> None:
     st.integers(0, 40),
     st.one_of(NASTY, st.binary(max_size=20)),
     st.sampled_from(FORMATS),
+    st.booleans(),
 )
 def test_mutated_valid_files(
-    kind: str, at: int, cut: int, insert: bytes, format: str | None
+    kind: str, at: int, cut: int, insert: bytes, format: str | None, closed_loop: bool
 ) -> None:
     seed = SEEDS[kind]
     at = at % (len(seed) + 1)
-    outcome(seed[:at] + insert + seed[at + cut :], format)
+    outcome(seed[:at] + insert + seed[at + cut :], format, closed_loop)
 
 
 # Command-line options and storage URLs ------------------------------------------------------

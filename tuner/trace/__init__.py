@@ -20,8 +20,11 @@ __all__ = [
 def load_trace(
     path: str, format: str | None = None, *, sort: bool = False, options: ShapeOptions | None = None
 ) -> Trace:
-    """Read a trace file and shape it: what every command that replays a trace starts with."""
-    trace = read_trace(path, format, sort=sort)
+    """Read a trace file and shape it: what every command that replays a trace starts with.
+
+    A closed-loop replay (``options.max_concurrency``) may read a file without arrival times."""
+    closed_loop = options is not None and options.max_concurrency is not None
+    trace = read_trace(path, format, sort=sort, closed_loop=closed_loop)
     return shape(trace, options) if options is not None else trace
 
 

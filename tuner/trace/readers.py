@@ -11,7 +11,8 @@ Formats:
     ``output_length``, optional ``hash_ids`` (prefix-block ids). Our native format adds optional
     ``id``, ``block_size`` (tokens per prefix block, default 512 as in Mooncake) and ``class``
     (the request's traffic class, :mod:`prefill_tuner.trace.classes`). This is what
-    ``vllm bench serve --dataset-name timed_trace`` and GuideLLM's replay read.
+    ``vllm bench serve --dataset-name timed_trace`` and GuideLLM's replay read. Requests
+    arriving faster than 1,000 a second are noted (``suspect``): seconds written for ms.
 ``azure``
     Azure LLM inference CSV: ``TIMESTAMP,ContextTokens,GeneratedTokens``; absolute wall-clock
     timestamps with up to 9 fractional digits (the 2023 traces have 7), with or without a time
@@ -20,21 +21,25 @@ Formats:
     BurstGPT CSV: ``Timestamp`` (seconds), ``Request tokens``, ``Response tokens`` among other
     columns; rows with 0 response tokens are failed requests. Arrivals are re-based to the
     first row.
+``csv``
+    Any CSV whose header names the prompt and output tokens and, with its unit, the arrival
+    (:mod:`prefill_tuner.trace.named_csv`).
+``vllm-bench`` (alias ``vllm``), ``guidellm``, ``aiperf``
+    The per-request records of ``vllm bench serve --save-detailed``, GuideLLM's report and
+    AIPerf's ``profile_export.jsonl`` (:mod:`prefill_tuner.trace.tool_exports`).
+
+A file without arrival times (or whose send times a closed-loop benchmark set) is read only for
+a closed-loop replay (``closed_loop``), every request ready at 0; otherwise it is refused naming
+the client limit to replay it with.
 """
 
 from __future__ import annotations
 
-import csv
-import functools
 import hashlib
-import io
 import itertools
 import json
 import math
-import re
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from datetime import date
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +47,35 @@ from prefill_tuner.errors import TraceError
 from prefill_tuner.files import read_input
 from prefill_tuner.objectives.slo import CLASS_NAME_RULE, is_class_name
 from prefill_tuner.trace.model import Adjustment, Request, Trace, TraceSource
+from prefill_tuner.trace.named_csv import is_named_csv, read_named_csv
+from prefill_tuner.trace.parsing import (
+    MAX_TIMESTAMP,
+    MAX_TOKENS,
+    Row,
+    check_count,
+    csv_header,
+    csv_int,
+    csv_rows,
+    parse_wallclock,
+)
+from prefill_tuner.trace.tool_exports import READERS as TOOL_READERS
+from prefill_tuner.trace.tool_exports import parse_json, tool_of_object
+
+__all__ = [
+    "FORMAT_ALIASES",
+    "MAX_TIMESTAMP",
+    "MAX_TOKENS",
+    "MOONCAKE_BLOCK_SIZE",
+    "detect_format",
+    "detect_format_of_text",
+    "read_trace",
+]
 
 MOONCAKE_BLOCK_SIZE = 512
 """Tokens per ``hash_ids`` block in the Mooncake traces (and our native default)."""
 
-MAX_TOKENS = 10**9
-"""Larger token counts are corrupt data, not requests."""
-MAX_TIMESTAMP = 1e15
-"""Larger timestamps (in the format's unit) are corrupt data: 1e15 ms is 31,000 years."""
+SUSPECT_RATE = 1000
+"""Requests a second above which a JSONL trace's timestamps look like seconds, not ms."""
 
 FORMAT_ALIASES: dict[str, str] = {
     "jsonl": "jsonl",
@@ -57,31 +83,27 @@ FORMAT_ALIASES: dict[str, str] = {
     "mooncake": "jsonl",
     "azure": "azure",
     "burstgpt": "burstgpt",
+    "csv": "csv",
+    "vllm-bench": "vllm-bench",
+    "vllm": "vllm-bench",
+    "guidellm": "guidellm",
+    "aiperf": "aiperf",
 }
 """Names accepted by ``--format``, mapped to the reader that handles them."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """A parsed row before shaping: arrival in the format's own clock ticks."""
-
-    line: int
-    id: str
-    clock: float | int
-    """Arrival in the format's ticks (ms for JSONL, ns for Azure, s for BurstGPT)."""
-    prompt: int
-    output: int
-    blocks: tuple[int, ...] = ()
-    block_size: int | None = None
-    traffic_class: str | None = None
-
-
-def read_trace(path: str | Path, format: str | None = None, *, sort: bool = False) -> Trace:
+def read_trace(
+    path: str | Path, format: str | None = None, *, sort: bool = False, closed_loop: bool = False
+) -> Trace:
     """Read a trace file into requests sorted by arrival (seconds from trace start).
 
     ``format`` is one of :data:`FORMAT_ALIASES` or ``None`` to detect it from the content.
     Unsorted arrivals are an error unless ``sort`` is true, in which case they are sorted
-    (stably) and the number of requests that were out of order is recorded.
+    (stably) and the number of requests that were out of order is recorded (a benchmark tool's
+    export, listed as requests finished, is always sorted). ``closed_loop``: the trace is to be
+    replayed with a client limit (``max_concurrency``), so a file without arrival times (or
+    whose send times a closed-loop benchmark set) is read with every request ready at 0
+    instead of refused.
     """
     path = Path(path)
     data = _read_file(path)
@@ -97,9 +119,11 @@ def read_trace(path: str | Path, format: str | None = None, *, sort: bool = Fals
             raise TraceError(f"unknown trace format {format!r}; choose one of: {choices}")
         kind = alias
     reader, ticks_per_second, rebase = _READERS[kind]
-    rows, adjustments = reader(text, path)
+    rows, adjustments = reader(text, path, closed_loop)
     if not rows:
         raise TraceError("the file has no replayable requests", path=path)
+    if kind == "jsonl":
+        adjustments.append(_unit_warning(rows))
     requests, reordered = _to_requests(rows, path, ticks_per_second, sort=sort, rebase=rebase)
     notes = [
         *adjustments,
@@ -110,7 +134,7 @@ def read_trace(path: str | Path, format: str | None = None, *, sort: bool = Fals
 
 
 def detect_format(path: str | Path) -> str:
-    """The reader name (``jsonl``, ``azure`` or ``burstgpt``) that fits the file's content."""
+    """The reader name (a value of :data:`FORMAT_ALIASES`) that fits the file's content."""
     path = Path(path)
     return detect_format_of_text(_decode(_read_file(path), path), path)
 
@@ -124,29 +148,35 @@ def _read_file(path: Path) -> bytes:
 
 
 def detect_format_of_text(text: str, path: str | Path) -> str:
-    """Detect the format from the first non-blank line: a JSON object or a known CSV header."""
+    """Detect the format from the first non-blank line: a JSON object (native JSONL, or a
+    benchmark tool's export, told by its keys) or a known CSV header."""
     first = next((line.strip() for line in text.split("\n") if line.strip()), "")
     if first.startswith("{"):
-        return "jsonl"
-    header = {name.strip().lower() for name in _csv_header(first)}
+        return tool_of_object(_json_or_none(first) or _json_or_none(text)) or "jsonl"
+    header = csv_header(first, Path(path)) if first else []
+    names = {name.lower() for name in header}
     # One telling column is enough: the reader then names any missing column precisely.
-    if header & {"contexttokens", "generatedtokens"}:
+    if names & {"contexttokens", "generatedtokens"}:
         return "azure"
-    if header & {"request tokens", "response tokens"}:
+    if names & {"request tokens", "response tokens"}:
         return "burstgpt"
+    if is_named_csv(header):
+        return "csv"
     raise TraceError(
         f"cannot tell the trace format from the first line {first[:80]!r}: expected a JSON "
-        "object (Mooncake/native JSONL) or an Azure or BurstGPT CSV header; pass `format`",
+        "object (Mooncake/native JSONL, a vllm bench serve, GuideLLM or AIPerf export) or a CSV "
+        "header (Azure, BurstGPT, or columns named for prompt and output tokens); pass `format`",
         path=path,
         line=1,
     )
 
 
-def _csv_header(line: str) -> list[str]:
+def _json_or_none(text: str) -> object:
+    """The JSON value of ``text``, or ``None`` if it is not one."""
     try:
-        return next(csv.reader([line]), [])
-    except csv.Error:
-        return []
+        return parse_json(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _decode(data: bytes, path: Path) -> str:
@@ -165,8 +195,8 @@ def _decode(data: bytes, path: Path) -> str:
 # --- JSONL (Mooncake and native) --------------------------------------------------------------
 
 
-def _read_jsonl(text: str, path: Path) -> tuple[list[_Row], list[Adjustment]]:
-    rows: list[_Row] = []
+def _read_jsonl(text: str, path: Path) -> tuple[list[Row], list[Adjustment]]:
+    rows: list[Row] = []
     empty = 0
     for index, raw in enumerate(text.split("\n")):
         line = index + 1
@@ -210,7 +240,7 @@ def _read_jsonl(text: str, path: Path) -> tuple[list[_Row], list[Adjustment]]:
         if prompt == 0 or output == 0:
             empty += 1
             continue
-        rows.append(_Row(line, ident, clock, prompt, output, blocks, block_size, traffic_class))
+        rows.append(Row(line, ident, clock, prompt, output, blocks, block_size, traffic_class))
     return rows, [Adjustment("dropped", "0 input or output tokens: nothing to replay", empty)]
 
 
@@ -227,15 +257,7 @@ def _json_int(obj: dict[str, Any], key: str, where: dict[str, Any]) -> int:
     value = _json_required(obj, key, where)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TraceError(f"expected a whole number, got {value!r:.40}", field=key, **where)
-    return _check_count(value, key, where)
-
-
-def _check_count(value: int, field: str, where: dict[str, Any]) -> int:
-    if value < 0:
-        raise TraceError(f"must not be negative, got {str(value)[:40]}", field=field, **where)
-    if value > MAX_TOKENS:
-        raise TraceError(f"implausibly large (over {MAX_TOKENS:,})", field=field, **where)
-    return value
+    return check_count(value, key, where)
 
 
 def _json_required(obj: dict[str, Any], key: str, where: dict[str, Any]) -> Any:
@@ -282,134 +304,45 @@ def _json_class(obj: dict[str, Any], where: dict[str, Any]) -> str | None:
 # --- CSV (Azure, BurstGPT) --------------------------------------------------------------------
 
 
-def _csv_rows(
-    text: str, path: Path, required: Iterable[str]
-) -> Iterator[tuple[int, int, dict[str, str]]]:
-    """Yield (physical line, 0-based data row, {required column: value}) for each CSV row."""
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    try:
-        header = next(reader)
-        names = [name.strip().lower() for name in header]
-        required = list(required)
-        missing = [col for col in required if col.lower() not in names]
-        if missing:
-            raise TraceError(
-                f"missing column(s) {', '.join(repr(c) for c in missing)}; "
-                f"found {', '.join(repr(h.strip()) for h in header)}",
-                path=path,
-                line=reader.line_num,
-            )
-        positions = {col: names.index(col.lower()) for col in required}
-        width = max(positions.values()) + 1
-        index = 0
-        for record in reader:
-            if not record or all(not cell.strip() for cell in record):
-                continue
-            if len(record) < width:
-                raise TraceError(
-                    f"expected at least {width} fields, found {len(record)}",
-                    path=path,
-                    line=reader.line_num,
-                )
-            yield reader.line_num, index, {col: record[pos] for col, pos in positions.items()}
-            index += 1
-    except csv.Error as exc:
-        raise TraceError(f"malformed CSV ({exc})", path=path, line=reader.line_num) from None
-
-
-_INT_RE = re.compile(r"[+-]?\d{1,30}")
-
-
-def _csv_int(value: str, field: str, where: dict[str, Any]) -> int:
-    text = value.strip()
-    if not _INT_RE.fullmatch(text):
-        raise TraceError(f"expected a whole number, got {text!r:.40}", field=field, **where)
-    return _check_count(int(text), field, where)
-
-
-def _read_azure(text: str, path: Path) -> tuple[list[_Row], list[Adjustment]]:
-    rows: list[_Row] = []
+def _read_azure(text: str, path: Path) -> tuple[list[Row], list[Adjustment]]:
+    rows: list[Row] = []
     empty = 0
     zoned: bool | None = None
-    for line, index, cells in _csv_rows(
+    for line, index, cells in csv_rows(
         text, path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
     ):
         where: dict[str, Any] = {"path": path, "line": line}
-        clock_ns, has_zone = _parse_wallclock(cells["TIMESTAMP"], where)
+        clock_ns, has_zone = parse_wallclock(cells["TIMESTAMP"], where)
         if zoned is None:
             zoned = has_zone
         elif zoned != has_zone:
             raise TraceError(
                 "mixes timestamps with and without a time zone", field="TIMESTAMP", **where
             )
-        prompt = _csv_int(cells["ContextTokens"], "ContextTokens", where)
-        output = _csv_int(cells["GeneratedTokens"], "GeneratedTokens", where)
+        prompt = csv_int(cells["ContextTokens"], "ContextTokens", where)
+        output = csv_int(cells["GeneratedTokens"], "GeneratedTokens", where)
         if prompt == 0 or output == 0:
             empty += 1
             continue
-        rows.append(_Row(line, str(index), clock_ns, prompt, output))
+        rows.append(Row(line, str(index), clock_ns, prompt, output))
     return rows, [Adjustment("dropped", "0 context or generated tokens: nothing to replay", empty)]
 
 
-_WALLCLOCK_RE = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
-    r"\s*(Z|[+-]\d{2}(?::?\d{2})?)?"
-)
-
-
-def _parse_wallclock(value: str, where: dict[str, Any]) -> tuple[int, bool]:
-    """Nanoseconds since the epoch (naive times read as UTC), and whether a zone was given.
-
-    Integer arithmetic throughout: Python's datetime stops at 6 fractional digits and floats
-    would blur 100 ns ticks over a week-long trace.
-    """
-    match = _WALLCLOCK_RE.fullmatch(value.strip())
-    if match is None:
-        raise TraceError(
-            f"expected a time like 2023-11-16 18:15:46.6805900, got {value.strip()!r:.40}",
-            field="TIMESTAMP",
-            **where,
-        )
-    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
-    fraction, zone = match.group(7) or "", match.group(8)
-    days = _ordinal(year, month, day)
-    if days is None or hour > 23 or minute > 59 or second > 59:
-        raise TraceError(
-            f"not a valid date and time: {value.strip()!r}", field="TIMESTAMP", **where
-        )
-    offset_s = 0
-    if zone and zone != "Z":
-        sign = -1 if zone[0] == "-" else 1
-        digits = zone[1:].replace(":", "")
-        offset_s = sign * (int(digits[:2]) * 3600 + int(digits[2:] or 0) * 60)
-    seconds = days * 86400 + hour * 3600 + minute * 60 + second - offset_s
-    nanos = int(fraction.ljust(9, "0")) if fraction else 0
-    return seconds * 1_000_000_000 + nanos, zone is not None
-
-
-@functools.lru_cache(maxsize=4096)
-def _ordinal(year: int, month: int, day: int) -> int | None:
-    try:
-        return date(year, month, day).toordinal()
-    except ValueError:
-        return None
-
-
-def _read_burstgpt(text: str, path: Path) -> tuple[list[_Row], list[Adjustment]]:
-    rows: list[_Row] = []
+def _read_burstgpt(text: str, path: Path) -> tuple[list[Row], list[Adjustment]]:
+    rows: list[Row] = []
     failed = empty_prompt = 0
     columns = ("Timestamp", "Request tokens", "Response tokens")
-    for line, index, cells in _csv_rows(text, path, columns):
+    for line, index, cells in csv_rows(text, path, columns):
         where: dict[str, Any] = {"path": path, "line": line}
         clock = _csv_seconds(cells["Timestamp"], where)
-        prompt = _csv_int(cells["Request tokens"], "Request tokens", where)
-        output = _csv_int(cells["Response tokens"], "Response tokens", where)
+        prompt = csv_int(cells["Request tokens"], "Request tokens", where)
+        output = csv_int(cells["Response tokens"], "Response tokens", where)
         if output == 0:
             failed += 1
         elif prompt == 0:
             empty_prompt += 1
         else:
-            rows.append(_Row(line, str(index), clock, prompt, output))
+            rows.append(Row(line, str(index), clock, prompt, output))
     return rows, [
         Adjustment("dropped", "failed requests (0 response tokens)", failed),
         Adjustment("dropped", "0 request tokens: nothing to prefill", empty_prompt),
@@ -432,18 +365,40 @@ def _csv_seconds(value: str, where: dict[str, Any]) -> float:
 
 # --- Common -----------------------------------------------------------------------------------
 
-_Reader = Callable[[str, Path], tuple[list[_Row], list[Adjustment]]]
+_Reader = Callable[[str, Path, bool], tuple[list[Row], list[Adjustment]]]
+
+
+def _open_loop(reader: Callable[[str, Path], tuple[list[Row], list[Adjustment]]]) -> _Reader:
+    """A reader of a format that always has arrival times (``closed_loop`` changes nothing)."""
+    return lambda text, path, _closed_loop: reader(text, path)
+
 
 _READERS: dict[str, tuple[_Reader, int, bool]] = {
     # format: (reader, clock ticks per second, re-base arrivals to the first row)
-    "jsonl": (_read_jsonl, 1000, False),
-    "azure": (_read_azure, 1_000_000_000, True),
-    "burstgpt": (_read_burstgpt, 1, True),
+    "jsonl": (_open_loop(_read_jsonl), 1000, False),
+    "azure": (_open_loop(_read_azure), 1_000_000_000, True),
+    "burstgpt": (_open_loop(_read_burstgpt), 1, True),
+    "csv": (read_named_csv, 1_000_000_000, True),
+    **{kind: (reader, ticks, True) for kind, (reader, ticks) in TOOL_READERS.items()},
 }
 
 
+def _unit_warning(rows: list[Row]) -> Adjustment:
+    """A JSONL trace (milliseconds) whose requests arrive faster than :data:`SUSPECT_RATE` a
+    second: almost always timestamps written in seconds. Counted 0 (no note) otherwise."""
+    span_ms = max(row.clock for row in rows) - min(row.clock for row in rows)
+    if len(rows) < 100 or span_ms <= 0 or len(rows) / span_ms * 1000 <= SUSPECT_RATE:
+        return Adjustment("suspect", "", 0)
+    reason = (
+        f"all arrive within {span_ms / 1000:.3g} s ({len(rows) / span_ms * 1000:,.0f} a "
+        "second): the timestamps look like seconds, but this format counts milliseconds; "
+        "multiply them by 1000, or replay with `rate_scale` 0.001"
+    )
+    return Adjustment("suspect", reason, len(rows))
+
+
 def _to_requests(
-    rows: list[_Row], path: Path, ticks_per_second: int, *, sort: bool, rebase: bool
+    rows: list[Row], path: Path, ticks_per_second: int, *, sort: bool, rebase: bool
 ) -> tuple[tuple[Request, ...], int]:
     """Check order (or sort), reject duplicate ids, convert clocks to seconds from trace start."""
     out_of_order = 0
