@@ -9,6 +9,7 @@ writes the timeline's screenshot to ``docs/images/report-timeline.png`` (the REA
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import shutil
@@ -17,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from prefill_tuner.storage.store import TunerStore
+from prefill_tuner.study.summary import summarize_stored
 from tests.conftest import AZURE, ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")
 README_SCREENSHOT = ROOT / "docs" / "images" / "report-timeline.png"
-SECTIONS = ("definition", "pareto", "history", "comparison", "trials", "serve")
+SECTIONS = ("answer", "definition", "pareto", "history", "comparison", "trials", "serve")
 
 
 def _need_browser() -> None:
@@ -123,6 +125,31 @@ def test_the_report_renders_offline_with_every_trial_and_step(study, tmp_path: P
                 count = len(timeline["window"]["steps"]["start_s"])
                 assert count > 10 and trace["data"] == trace["rendered"] == count
 
+            # Axes fitted to the data as drawn: each column's time axis spans its window, each
+            # row's y axis goes from zero to the row's top (not plotly.js's empty [-1, 4]).
+            axes = page.evaluate(AXES, "fig-timeline")
+            top = max(max(t["window"]["steps"]["duration_s"]) for t in data.values()) * 1000
+            for trace in steps:
+                window = data[trace["who"]]["window"]
+                zero = window["long_prompt"]["arrival_s"]
+                x_range, y_range = axes[trace["who"]]
+                assert x_range == pytest.approx(
+                    [window["start_s"] - zero, window["end_s"] - zero], abs=1e-6
+                )
+                assert y_range[0] == 0 and top <= y_range[1] <= top * 1.2  # one scale a row
+            # The SLO on the streams, the slowest stream of each run named in the legend.
+            legend = page.locator("#fig-timeline .legendtext").all_text_contents()
+            assert "p99 TPOT SLO 25 ms" in legend
+            assert [text.split(":")[0] for text in legend if text.startswith("slowest")] == [
+                f"slowest stream, {who}" for who in data
+            ]
+
+            # The answer comes first: above every figure, its serve line the export's.
+            assert page.locator("#answer").bounding_box()["y"] < min(
+                box["y"] for box in page.locator(".js-plotly-plot").evaluate_all(BOXES)
+            )
+            assert page.locator("#answer-serve-line").inner_text() == recommended.serve_command
+
             # What tune diagnose finds, for both runs.
             findings = page.locator("#findings").inner_text()
             assert "What baseline (trial 0) shows" in findings
@@ -170,6 +197,22 @@ POINTS = """(id) => {
 }"""
 
 
+AXES = """(id) => {
+  const gd = document.getElementById(id);
+  const ranges = {};
+  gd._fullData.forEach((trace, index) => {
+    const meta = gd.data[index].meta || {};
+    if (meta.kind !== 'steps') return;
+    const x = gd._fullLayout[trace.xaxis.replace('x', 'xaxis')];
+    const y = gd._fullLayout[trace.yaxis.replace('y', 'yaxis')];
+    ranges[meta.who] = [x.range, y.range];
+  });
+  return ranges;
+}"""
+
+BOXES = "(elements) => elements.map(e => { const r = e.getBoundingClientRect(); return {y: r.y}; })"
+
+
 def test_tune_report_writes_again_and_refuses_a_bad_output(tune, tmp_path: Path) -> None:
     """`tune report` from storage: a trace that has since gone is said in the report (no
     timeline to simulate), not an error; a folder as the output is refused in one line."""
@@ -187,8 +230,65 @@ def test_tune_report_writes_again_and_refuses_a_bad_output(tune, tmp_path: Path)
     trace.unlink()
     page = tmp_path / "gone.html"
     code, _, err = tune("report", "--storage", storage, "-o", str(page))
-    assert code == 0 and f"report: {page}" in err
+    assert code == 0 and err == f"report: {page}\n"  # no timeline: no picture of it
+    assert not (tmp_path / "gone.png").exists()
     text = page.read_text()
     assert "cannot be read here" in text and 'id="serve-line"' in text
     # The recommendation's headroom (issue 29), from the stored checks.
     assert '<p class="headroom">headroom (trial ' in text and "headroom rule:" in text
+
+
+def test_the_report_leads_with_the_answer_and_writes_its_timeline_png(
+    tune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41 item 12: before any figure, the serve line to deploy (copyable), what it
+    changes against the defaults and its load headroom; the timeline as a PNG beside the page,
+    written as every output is (a link in its place is refused before the work)."""
+    monkeypatch.delenv("TUNE_NO_REPORT")
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    code, _, err = tune(
+        "run",
+        "--trials",
+        "6",
+        "--slo",
+        "p99_tpot=50ms",
+        "--storage",
+        storage,
+        "--study",
+        "lead",
+    )  # the bundled sample, whose defaults miss the SLO
+    assert code == 0, err
+    assert "report: lead-report.html (its timeline as a picture: lead-report.png)\n" in err
+    image = tmp_path / "lead-report.png"
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 20_000
+
+    text = (tmp_path / "lead-report.html").read_text()
+    answer = text[text.index('<section id="answer">') : text.index("</section>")]
+    assert text.index('<section id="answer">') < text.index('class="plotly-graph-div"')
+    summary = summarize_stored(TunerStore(storage), "lead")
+    best, baseline = summary.recommended, summary.baseline
+    assert best is not None and baseline is not None and best is not baseline
+    assert f'<pre id="answer-serve-line">{html.escape(best.serve_command)}</pre>' in answer
+    assert '<button data-copy="answer-serve-line">' in answer
+    for name, label in (("p99_tpot", "p99 TPOT"), ("p99_ttft", "p99 TTFT")):
+        old, new = baseline.objectives[name], best.objectives[name]
+        scale, unit = (1, "s") if max(old, new) >= 1 else (1000, "ms")
+        assert f"{label} {old * scale:.3g} → {new * scale:.3g} {unit}" in answer
+    assert answer.index("p99 TPOT") < answer.index("p99 TTFT")  # the SLO'd one first
+    assert summary.headroom is not None
+    assert html.escape(summary.headroom.chosen.load_words()) in answer
+    assert "trial 0, which misses the SLOs" in answer
+
+    again = tmp_path / "again.html"
+    (tmp_path / "again.png").symlink_to(tmp_path / "elsewhere.png")
+    code, out, err = tune("report", "--storage", storage, "-o", str(again))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "symbolic link" in err
+    assert not again.exists() and not (tmp_path / "elsewhere.png").exists()
+    (tmp_path / "again.png").unlink()
+    code, _, err = tune("report", "--storage", storage, "-o", str(again))
+    assert (
+        code == 0
+        and err == f"report: {again} (its timeline as a picture: {again.with_suffix('.png')})\n"
+    )
+    assert again.with_suffix(".png").read_bytes() == image.read_bytes()

@@ -182,6 +182,24 @@ def atomic_text(
     existing target had, else the umask's (as ``open`` would give; a script, ``executable``, as
     ``chmod +x`` would). See :func:`check_output`
     for what is refused; a full disk is an :class:`OutputError` and leaves nothing behind."""
+    with (
+        _replacing(path, inputs, executable) as handle,
+        os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream,
+    ):
+        yield stream
+
+
+def atomic_bytes(path: str | Path, data: bytes, inputs: Sequence[str | Path] = ()) -> None:
+    """Write ``data`` (a picture) to ``path`` as :func:`atomic_text` writes text: whole or not
+    at all, refused where :func:`check_output` refuses."""
+    with _replacing(path, inputs, executable=False) as handle, os.fdopen(handle, "wb") as stream:
+        stream.write(data)
+
+
+@contextmanager
+def _replacing(path: str | Path, inputs: Sequence[str | Path], executable: bool) -> Iterator[int]:
+    """A temporary file's descriptor beside ``path``, renamed over it when the block ends
+    without error (see :func:`atomic_text`)."""
     target = check_output(path, inputs)
     directory = target.parent if str(target.parent) else Path(".")
     try:
@@ -193,8 +211,7 @@ def atomic_text(
     except OSError as exc:
         raise TunerError(f"{target}: cannot write here: {exc.strerror}") from None
     try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
-            yield stream
+        yield handle
         os.chmod(temp_name, mode)
         os.replace(temp_name, target)
     except OSError as exc:

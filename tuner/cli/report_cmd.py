@@ -33,4 +33,4 @@ def report_command(
     except KeyboardInterrupt:
         err.print("interrupted: no report written", markup=False)
         raise typer.Exit(exit_codes.INTERRUPTED) from None
-    err.print(f"report: {path}", soft_wrap=True, markup=False)
+    err.print(f"report: {path.words()}", soft_wrap=True, markup=False)

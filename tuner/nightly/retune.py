@@ -185,7 +185,7 @@ def retune(
     store.add_nightly(night)
     page = None
     if nightly.html_report:  # written atomically: a stop leaves no half-written page
-        page = write_report(store, plan.name, report_path.with_suffix(".html"))
+        page = write_report(store, plan.name, report_path.with_suffix(".html")).page
     return NightlyOutcome(
         generation=generation,
         study_name=plan.name,

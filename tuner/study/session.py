@@ -24,7 +24,7 @@ import optuna
 from prefill_tuner.diagnosis.runs import trial_findings
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.cost_model import StepModel
-from prefill_tuner.output.html import write_report
+from prefill_tuner.output.html import ReportFiles, write_report
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.headroom import check_headroom, rule_key
 from prefill_tuner.study.infeasibility import latency_floor, rate_headroom
@@ -167,8 +167,9 @@ class TuningSession:
         findings, _ = trial_findings(summary.study, summary.baseline)
         return findings[0].line() if findings else None
 
-    def write_report(self, path: Path) -> Path:
-        """The study's HTML report at ``path`` (whole or not at all)."""
+    def write_report(self, path: Path) -> ReportFiles:
+        """The study's HTML report at ``path``, its timeline's PNG beside it (each whole or not
+        at all)."""
         return write_report(self.store, self.plan.name, path)
 
 

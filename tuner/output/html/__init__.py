@@ -1,5 +1,5 @@
 """The study report as one self-contained HTML file (``tune report``)."""
 
-from prefill_tuner.output.html.page import render_report, write_report
+from prefill_tuner.output.html.page import ReportFiles, image_path, render_report, write_report
 
-__all__ = ["render_report", "write_report"]
+__all__ = ["ReportFiles", "image_path", "render_report", "write_report"]

@@ -165,16 +165,17 @@ def pareto_figure(
             )
         )
     # SLO limits as traces, not shapes: a shape's annotation on a log axis is misplaced.
-    low_x, high_x = min(xs, default=1.0) / 1.5, max(xs, default=1.0) * 1.5
-    low_y, high_y = min(ys, default=1.0) / 1.5, top
+    low_x, high_x = min(xs, default=1.0) / 1.2, max(xs, default=1.0) * 1.2
+    low_y, high_y = min(ys, default=1.0) / 1.2, top
     for axis, name in zip(("x", "y"), names if len(names) == 2 else ("", names[0]), strict=True):
         if name not in limits:
             continue
         limit = limits[name] * _scale(name)
+        # Across the other axis's data, no further: that axis is fitted to the trials.
         if axis == "x":
-            line_x, line_y = [limit, limit], [min(low_y, limit), max(high_y, limit)]
+            line_x, line_y = [limit, limit], [low_y, high_y]
         else:
-            line_x, line_y = [min(low_x, limit), max(high_x, limit)], [limit, limit]
+            line_x, line_y = [low_x, high_x], [limit, limit]
         fig.add_trace(
             go.Scatter(
                 x=line_x,
@@ -265,7 +266,7 @@ def cdf_figure(compared: Sequence[tuple[str, dict[str, Any]]]) -> go.Figure:
                     name=who,
                     legendgroup=who,
                     showlegend=column == 1,
-                    line={"color": COLOURS[_kind(who)]},
+                    line={"color": COLOURS[run_kind(who)]},
                     hovertemplate=f"{who}: {label} %{{x:.2f}} ms at %{{y:.0%}}<extra></extra>",
                 ),
                 row=1,
@@ -277,115 +278,8 @@ def cdf_figure(compared: Sequence[tuple[str, dict[str, Any]]]) -> go.Figure:
     return fig
 
 
-def _kind(who: str) -> str:
+def run_kind(who: str) -> str:
     return "baseline" if who.startswith("baseline") else "recommended"
-
-
-def timeline_figure(compared: Sequence[tuple[str, dict[str, Any]]]) -> go.Figure:
-    """Side by side, around the arrival of the trace's longest prompt: each step's latency,
-    its prefill and decode tokens, and each streaming request's inter-token latency. Time is
-    relative to the long prompt's arrival; its arrival and first token are marked."""
-    fig = make_subplots(
-        rows=3,
-        cols=len(compared),
-        shared_xaxes=True,
-        shared_yaxes=True,  # one scale per row: the spike and its absence compare at a glance
-        vertical_spacing=0.06,
-        horizontal_spacing=0.07,
-        subplot_titles=[who for who, _ in compared],
-        row_heights=[0.34, 0.33, 0.33],
-    )
-    for column, (who, timeline) in enumerate(compared, start=1):
-        window = timeline.get("window")
-        if not window:
-            continue
-        zero = window["long_prompt"]["arrival_s"]
-        steps = window["steps"]
-        starts = [s - zero for s in steps["start_s"]]
-        fig.add_trace(
-            go.Scatter(
-                x=starts,
-                y=[d * 1000 for d in steps["duration_s"]],
-                mode="lines+markers",
-                name=f"step latency: {who}",
-                line={"color": COLOURS[_kind(who)], "shape": "hv"},
-                marker={"size": 4},
-                customdata=list(zip(steps["prefill_tokens"], steps["decode_tokens"], strict=True)),
-                hovertemplate="step at %{x:.3f} s: %{y:.2f} ms, prefill %{customdata[0]}, "
-                "decode %{customdata[1]} tokens<extra></extra>",
-                meta={"kind": "steps", "who": who},
-                showlegend=False,
-            ),
-            row=1,
-            col=column,
-        )
-        widths = step_widths(starts, steps["duration_s"])
-        for key in ("prefill", "decode"):
-            fig.add_trace(
-                go.Bar(
-                    x=starts,
-                    y=steps[f"{key}_tokens"],
-                    width=widths,
-                    offset=0,  # a step's bar starts when the step does
-                    name=f"{key} tokens",
-                    marker={"color": COLOURS[key], "line": {"width": 0}},
-                    meta={"kind": f"{key} tokens", "who": who},
-                    legendgroup=key,
-                    showlegend=column == 1,
-                    hovertemplate=f"%{{y}} {key} tokens<extra></extra>",
-                ),
-                row=2,
-                col=column,
-            )
-        for stream in window["streams"]:
-            fig.add_trace(
-                go.Scatter(
-                    x=[t - zero for t in stream["token_s"]],
-                    y=[v * 1000 for v in stream["itl_s"]],
-                    mode="lines+markers",
-                    marker={"size": 3},
-                    line={"width": 1},
-                    name=f"request {stream['id']}",
-                    showlegend=False,
-                    hovertemplate=f"request {stream['id']}: ITL %{{y:.2f}} ms<extra></extra>",
-                ),
-                row=3,
-                col=column,
-            )
-        first = window["long_prompt"]["first_token_s"]
-        for row in (1, 2, 3):
-            fig.add_vline(x=0, line={"color": "#c1121f", "dash": "dash"}, row=row, col=column)
-            if first is not None:
-                fig.add_vline(
-                    x=first - zero, line={"color": "#6a4c93", "dash": "dot"}, row=row, col=column
-                )
-    fig.update_layout(
-        **LAYOUT,
-        barmode="stack",
-        bargap=0,
-        height=720,
-        title="Around the longest prompt's arrival (red dashes; its first token: purple dots)",
-    )
-    fig.update_yaxes(title_text="step (ms)", row=1, col=1)
-    fig.update_yaxes(title_text="tokens in step", row=2, col=1)
-    fig.update_yaxes(title_text="ITL of streams (ms)", row=3, col=1)
-    for column in range(1, len(compared) + 1):
-        fig.update_xaxes(title_text="s from the long prompt's arrival", row=3, col=column)
-    return fig
-
-
-MIN_BAR_SHARE = 1 / 200
-"""The narrowest a step's bar is drawn, as a share of the window (a few pixels)."""
-
-
-def step_widths(starts: Sequence[float], durations: Sequence[float]) -> list[float]:
-    """Each step's bar width on the time axis: as long as the step ran, never narrower than
-    :data:`MIN_BAR_SHARE` of the window (plotly's own width is the smallest gap between two
-    steps: a 300 ms step would be drawn a few ms wide, and short steps not at all)."""
-    if not starts:
-        return []
-    span = max(s + d for s, d in zip(starts, durations, strict=True)) - min(starts)
-    return [max(duration, span * MIN_BAR_SHARE) for duration in durations]
 
 
 def load_figure(compared: Sequence[tuple[str, dict[str, Any]]]) -> go.Figure:

@@ -1,10 +1,13 @@
 """``tune report``: one self-contained HTML file explaining a study's recommendation.
 
-It works offline (plotly.js is embedded once, no CDN, no request to any server) and holds: the
-study's definition, every trial on the Pareto plot, Optuna's history and importance plots,
-the baseline against the recommended setting (latency CDFs, the step and inter-token timeline
-around the longest prompt's arrival, the load over the run), the sortable trial table, and
-the recommended serve line and ``--config`` YAML, copyable.
+It works offline (plotly.js is embedded once, no CDN, no request to any server) and leads with
+the answer (the serve line to deploy, what it changes against the engine's defaults, its load
+headroom: :mod:`prefill_tuner.output.html.answer`), then holds: the study's definition, every
+trial on the Pareto plot, Optuna's history and importance plots, the baseline against the
+recommended setting (latency CDFs, the step and inter-token timeline around the longest
+prompt's arrival, the load over the run), the sortable trial table, and the recommended serve
+line and ``--config`` YAML, copyable. The timeline is also written as a PNG beside the page
+(:mod:`prefill_tuner.output.html.image`), for a ticket.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,15 +28,12 @@ from prefill_tuner.diagnosis import Finding, diagnose
 from prefill_tuner.diagnosis.runs import trial_view
 from prefill_tuner.engines.timeline import build_timeline
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import atomic_text
-from prefill_tuner.objectives.slo import format_seconds, parse_slos
-from prefill_tuner.output.html.figures import (
-    cdf_figure,
-    load_figure,
-    optuna_figures,
-    pareto_figure,
-    timeline_figure,
-)
+from prefill_tuner.files import atomic_bytes, atomic_text, check_output
+from prefill_tuner.objectives.slo import Slo, format_seconds, parse_slos
+from prefill_tuner.output.html.answer import answer_section
+from prefill_tuner.output.html.figures import cdf_figure, load_figure, optuna_figures, pareto_figure
+from prefill_tuner.output.html.image import timeline_png
+from prefill_tuner.output.html.timeline import timeline_figure
 from prefill_tuner.search_spaces.render import command_yaml
 from prefill_tuner.storage.batched import optuna_storage
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
@@ -51,6 +52,7 @@ from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.stats import trace_stats
 
 SECTIONS = (
+    ("answer", "Recommendation"),
     ("definition", "Study"),
     ("pareto", "Trials and Pareto front"),
     ("history", "History and importance"),
@@ -70,16 +72,51 @@ class Compared:
     """Per trial: what ``tune diagnose`` finds in its run (or why it could not)."""
 
 
-def write_report(store: TunerStore, study_name: str, path: Path) -> Path:
-    """Write study ``study_name``'s report to ``path`` (atomically); returns ``path``."""
-    text = render_report(store, study_name)
+@dataclass(frozen=True)
+class Report:
+    """A rendered report: the page, and its timeline as a PNG (``None``: no timeline)."""
+
+    page: str
+    image: bytes | None
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """Where a report was written."""
+
+    page: Path
+    image: Path | None
+    """The timeline's PNG beside the page (:func:`image_path`); ``None``: nothing to draw."""
+
+    def words(self) -> str:
+        """``s-report.html (its timeline as a picture: s-report.png)``."""
+        image = f" (its timeline as a picture: {self.image})" if self.image else ""
+        return f"{self.page}{image}"
+
+
+def image_path(page: Path) -> Path:
+    """Where the timeline's PNG goes: beside the page, ``REPORT.png`` for ``REPORT.html``."""
+    image = page.with_suffix(".png")
+    return image if image != page else page.with_name(f"{page.name}.png")
+
+
+def write_report(store: TunerStore, study_name: str, path: Path) -> ReportFiles:
+    """Write study ``study_name``'s report to ``path`` and its timeline's PNG beside it
+    (:func:`image_path`), each atomically; both paths are checked before the work."""
+    image = image_path(path)
+    check_output(path)
+    check_output(image)
+    report = render_report(store, study_name)
     with atomic_text(path) as stream:
-        stream.write(text)
-    return path
+        stream.write(report.page)
+    if report.image is None:
+        return ReportFiles(path, None)
+    atomic_bytes(image, report.image)
+    return ReportFiles(path, image)
 
 
-def render_report(store: TunerStore, study_name: str) -> str:
-    """The report's HTML."""
+def render_report(store: TunerStore, study_name: str) -> Report:
+    """The report's HTML, and its timeline as a PNG."""
     summary = require_finished(summarize_stored(store, study_name))  # no plot has a point
     record = summary.study
     trials = sorted(store.trials(record), key=lambda t: t.trial_number)
@@ -87,7 +124,8 @@ def render_report(store: TunerStore, study_name: str) -> str:
         study = optuna.load_study(study_name=record.name, storage=optuna_storage(store.url))
     except KeyError:
         raise TunerError(f"study {record.name}: no Optuna study of that name") from None
-    limits = {slo.name: slo.limit_s for slo in parse_slos(list(record.slos))}
+    slos = parse_slos(list(record.slos))
+    limits = {slo.name: slo.limit_s for slo in slos}
     trace, trace_note = study_trace(record)
     compared = comparison(summary, trace)
     figures: dict[str, Any] = {
@@ -97,21 +135,23 @@ def render_report(store: TunerStore, study_name: str) -> str:
     }
     body = [
         _nav(),
+        _section("answer", answer_section(summary)),
         _section("definition", _definition(record, summary, trials, trace, trace_note)),
         _section("pareto", _figure("fig-pareto", figures["pareto"])),
         _section("history", _optuna_section(study, summary.objectives)),
-        _section("comparison", _comparison_section(compared)),
+        _section("comparison", _comparison_section(compared, slos)),
         _section("trials", _trial_table(trials, summary)),
         _section("serve", _serve_section(summary)),
     ]
     title = f"tune report: {record.name}"
-    return PAGE.format(
+    page = PAGE.format(
         title=html.escape(title),
         style=STYLE,
         plotly=plotly.offline.get_plotlyjs(),
         body="\n".join(body),
         script=SCRIPT,
     )
+    return Report(page, timeline_png(compared.runs, slos) if compared.runs else None)
 
 
 def comparison(summary: StudySummary, trace: Trace | None) -> Compared:
@@ -255,7 +295,7 @@ def _optuna_section(study: optuna.Study, objectives: list[str]) -> str:
     return "\n".join(parts)
 
 
-def _comparison_section(compared: Compared) -> str:
+def _comparison_section(compared: Compared, slos: Sequence[Slo]) -> str:
     parts = []
     if compared.note:
         parts.append(f'<p class="note">{html.escape(compared.note)}</p>')
@@ -264,7 +304,7 @@ def _comparison_section(compared: Compared) -> str:
     sources = {timeline["load"].get("source") for _, timeline in compared.runs}
     parts += [
         _figure("fig-cdf", cdf_figure(compared.runs)),
-        _figure("fig-timeline", timeline_figure(compared.runs)),
+        _figure("fig-timeline", timeline_figure(compared.runs, slos)),
         _figure("fig-load", load_figure(compared.runs)),
         f'<script type="application/json" id="timeline-data">'
         f"{_json_script({who: t for who, t in compared.runs})}</script>",
@@ -415,6 +455,10 @@ tr.recommended td { background: #fdf3d0; }
 tr.baseline td { background: #e7eef0; }
 pre { background: #f8f9fa; padding: .8em; white-space: pre-wrap; word-break: break-all; }
 .note { color: #6c757d; }
+#answer { border: 2px solid #e9c46a; border-radius: 6px; padding: 0 1em 1em; background: #fffbea; }
+#answer .lead { font-size: 17px; }
+.better { color: #1b7f3b; font-weight: 600; }
+.worse { color: #b5451b; font-weight: 600; }
 .grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 1em; }
 """
 
