@@ -167,7 +167,8 @@ class TraceSpec:
     path: Path
     """The trace file to replay (JSONL, Azure or BurstGPT CSV)."""
     format: str | None = None
-    """jsonl (= mooncake, native), azure or burstgpt (default: detected from the content)."""
+    """jsonl (= mooncake, native), azure, burstgpt, csv (named columns), vllm-bench, guidellm or
+    aiperf (default: detected from the content)."""
     sort: bool = False
     """Sort out-of-order arrivals instead of refusing the file."""
     shaping: ShapeOptions = field(default_factory=ShapeOptions)
