@@ -292,3 +292,27 @@ def test_the_report_leads_with_the_answer_and_writes_its_timeline_png(
         and err == f"report: {again} (its timeline as a picture: {again.with_suffix('.png')})\n"
     )
     assert again.with_suffix(".png").read_bytes() == image.read_bytes()
+
+
+def test_tune_run_checks_the_picture_path_before_any_trial(
+    tune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PNG beside `--report` is an output like the page: a link, or the study's own trace,
+    where it would go is refused before the first trial, not after the study."""
+    monkeypatch.delenv("TUNE_NO_REPORT")
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    (tmp_path / "r.png").symlink_to(tmp_path / "elsewhere.png")
+    code, out, err = tune(
+        "run", "--trace", str(AZURE), "--max-requests", "50", "--trials", "2",
+        "--slo", "p99_tpot=50ms", "--storage", storage, "--report", str(tmp_path / "r.html"),
+    )  # fmt: skip
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "r.png: is a symbolic link" in err
+    assert not (tmp_path / "tune.db").exists() and not (tmp_path / "r.html").exists()
+    trace = tmp_path / "t.png"  # a trace is read by its content, whatever its name
+    trace.write_bytes(AZURE.read_bytes())
+    code, out, err = tune(
+        "run", "--trace", str(trace), "--max-requests", "50", "--trials", "2",
+        "--slo", "p99_tpot=50ms", "--storage", storage, "--report", str(tmp_path / "t.html"),
+    )  # fmt: skip
+    assert code == 2 and "is the input file" in err and trace.read_bytes() == AZURE.read_bytes()

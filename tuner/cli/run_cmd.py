@@ -47,6 +47,7 @@ from prefill_tuner.cli.tables import render_summary
 from prefill_tuner.engines.factory import EngineOptions, build_engine, given_profile, serving
 from prefill_tuner.files import check_output
 from prefill_tuner.output.documents import stored_summary_document
+from prefill_tuner.output.html import image_path
 from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore, inputs_of, redact_url
 from prefill_tuner.study.plan import SpaceSpec, StudyPlan, build_plan
@@ -80,7 +81,7 @@ def run_command(
     storage: StorageOpt = defaults.STORAGE,
     timeout: Annotated[
         float | None,
-        typer.Option("--timeout", min=0, help=help_of(StudyPlan, "timeout_s")),
+        typer.Option("--timeout", min=1, help=help_of(StudyPlan, "timeout_s")),
     ] = None,
     seed: SeedOpt = 0,
     sampler: Annotated[
@@ -97,7 +98,10 @@ def run_command(
     capacity_tolerance: Annotated[
         float,
         typer.Option(
-            "--capacity-tolerance", min=0.001, help=help_of(StudyPlan, "capacity_tolerance")
+            "--capacity-tolerance",
+            min=0.001,
+            max=0.5,
+            help=help_of(StudyPlan, "capacity_tolerance"),
         ),
     ] = defaults.CAPACITY_TOLERANCE,
     early_abort: Annotated[
@@ -209,12 +213,14 @@ def _trace_words(trace_file: Path, err: Console) -> str:
 def _report_path(
     report: Path | None, plan: StudyPlan, inputs: list[Path | str], unwanted: bool
 ) -> Path | None:
-    """Where the report goes (``None``: ``unwanted``), checked before any trial: one that
-    cannot be written, or would replace an input, is refused."""
+    """Where the report goes (``None``: ``unwanted``), checked before any trial with the
+    timeline's PNG beside it: one that cannot be written, or would replace an input, is
+    refused."""
     if unwanted:
         return None
     path = report or defaults.report_path(plan.name)
     check_output(path, inputs)
+    check_output(image_path(path), inputs)
     return path
 
 
