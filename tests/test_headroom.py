@@ -149,7 +149,7 @@ def test_a_run_states_headroom_that_reruns_confirm(tune, tmp_path: Path) -> None
     code, out, err = tune("pareto", "--study", "s", "--storage", storage, "--json")
     assert code == 0, err
     assert json.loads(out)["headroom"] == headroom
-    code, out, err = tune("pareto", "--study", "s", "--storage", storage)
+    code, out, err = tune("pareto", "--study", "s", "--storage", storage, "--explain")
     assert "headroom (trial" in out and "headroom rule:" in out
     # A trial more makes the stored checks stale (not shown as current); the run rechecks.
     store = TunerStore(storage)

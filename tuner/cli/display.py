@@ -3,12 +3,13 @@ trial (stop signals: :mod:`prefill_tuner.stopping`)."""
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO, cast
 
 import optuna
 from pydantic import BaseModel
@@ -32,12 +33,45 @@ from prefill_tuner.worker.loop import WorkerEvents
 
 
 def output_console() -> Console:
-    """Rich console for results: a terminal's own width, or when piped the width ``COLUMNS``
-    gives (rich reads it), else wide lines (for grep)."""
+    """Rich console for results: in a terminal, its own width; piped, plain text: no line
+    ends in spaces, and prose is never wrapped (a grep for a sentence finds it whole; tables
+    are laid out as for 160 columns), unless ``COLUMNS`` gives a width (rich reads it)."""
     console = Console(highlight=False)
-    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
-        console.width = max(console.width, 160)
-    return console
+    if console.is_terminal:  # a TTY, or one forced (TTY_COMPATIBLE=1, FORCE_COLOR)
+        return console
+    plain = cast(TextIO, PlainText(sys.stdout))
+    if os.environ.get("COLUMNS", "").isdigit():
+        return Console(file=plain, highlight=False)
+    return Console(file=plain, highlight=False, width=160, soft_wrap=True)
+
+
+class PlainText(io.TextIOBase):
+    """A text stream that writes each line to ``stream`` without its trailing spaces (rich
+    pads a table's title and caption, and wrapped prose, to the table's or the console's
+    width)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        lines = (self.pending + text).split("\n")
+        self.pending = lines.pop()
+        if lines:
+            self.stream.write("".join(line.rstrip() + "\n" for line in lines))
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.stream.write(self.pending)
+            self.pending = ""
+        self.stream.flush()
 
 
 def error_console() -> Console:

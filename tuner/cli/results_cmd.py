@@ -12,25 +12,33 @@ from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import error_console, output_console, print_document
 from prefill_tuner.cli.options import JsonOpt, StorageOpt, StudyOpt
 from prefill_tuner.cli.stored import open_stored
-from prefill_tuner.cli.tables import render_summary
+from prefill_tuner.cli.tables import AllOpt, ExplainOpt, render_next, render_summary
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text
 from prefill_tuner.output.documents import export_document, stored_summary_document
+from prefill_tuner.study.saturation import stored_saturation
 from prefill_tuner.study.summary import export, require_finished, summarize_stored
 
 EXPORT_FORMATS = ("shell", "yaml", "json")
 
 
 def pareto_command(
-    study_name: StudyOpt = None, storage: StorageOpt = defaults.STORAGE, as_json: JsonOpt = False
+    study_name: StudyOpt = None,
+    storage: StorageOpt = defaults.STORAGE,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+    every: AllOpt = False,
 ) -> None:
-    """Print a stored study's Pareto-optimal settings and serve lines again."""
+    """Print a stored study's recommendation, Pareto-optimal settings and serve lines again."""
     store, name = open_stored(study_name, storage)
     summary = require_finished(summarize_stored(store, name))
     if as_json:
         print_document(stored_summary_document(store, name))
     else:
-        output_console().print(render_summary(summary), crop=False)
+        warnings = [found.line() for found in stored_saturation(store, summary)]
+        shown = render_summary(summary, explain=explain, every=every, warnings=warnings)
+        output_console().print(shown, crop=False)
+        output_console().print(render_next(summary, storage, report=True), crop=False)
     if summary.recommended is None:
         raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
 

@@ -43,7 +43,7 @@ from prefill_tuner.cli.options import (
     TrialsOpt,
     with_options,
 )
-from prefill_tuner.cli.tables import render_summary
+from prefill_tuner.cli.tables import AllOpt, ExplainOpt, render_next, render_summary
 from prefill_tuner.engines.factory import EngineOptions, build_engine, given_profile, serving
 from prefill_tuner.files import check_output
 from prefill_tuner.output.documents import stored_summary_document
@@ -52,6 +52,7 @@ from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore, inputs_of, redact_url
 from prefill_tuner.study.plan import SpaceSpec, StudyPlan, build_plan
 from prefill_tuner.study.run import baseline_outside
+from prefill_tuner.study.saturation import stored_saturation
 from prefill_tuner.study.session import TuningSession
 from prefill_tuner.study.summary import StudySummary
 
@@ -125,6 +126,8 @@ def run_command(
     ] = None,
     no_report: NoReportOpt = False,
     as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+    every: AllOpt = False,
     *,
     engine: EngineOptions,
     trace: TraceChoice,
@@ -187,10 +190,15 @@ def run_command(
             if as_json:
                 print_document(stored_summary_document(store, plan.name))
             else:
-                output_console().print(render_summary(summary), crop=False)
+                warnings = [found.line() for found in stored_saturation(store, summary, plan.trace)]
+                shown = render_summary(summary, explain=explain, every=every, warnings=warnings)
+                output_console().print(shown, crop=False)
             if interrupted:
                 raise typer.Exit(exit_codes.INTERRUPTED)
             _explain(session, summary, storage, report_path, err)
+            if not as_json:
+                next_steps = render_next(summary, storage, report=report_path is None)
+                output_console().print(next_steps, crop=False)
     if summary.recommended is None or not summary.margin_met:
         raise typer.Exit(exit_codes.NOTHING_MEETS_SLOS)
 
