@@ -316,3 +316,27 @@ def test_tune_run_checks_the_picture_path_before_any_trial(
         "--slo", "p99_tpot=50ms", "--storage", storage, "--report", str(tmp_path / "t.html"),
     )  # fmt: skip
     assert code == 2 and "is the input file" in err and trace.read_bytes() == AZURE.read_bytes()
+
+
+def test_when_nothing_meets_the_slos_the_answer_says_so_first(tune, tmp_path: Path) -> None:
+    """No serve line to deploy: the report's first words say so, name the closest trial and
+    what it misses, and its serve line is marked as not meeting them."""
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    code, _, err = tune(
+        "run", "--trace", str(AZURE), "--max-requests", "50", "--trials", "2",
+        "--slo", "p99_tpot=1ms", "--storage", storage, "--study", "none",
+    )  # fmt: skip
+    assert code not in (0, 2), err
+    page = tmp_path / "none.html"
+    code, _, err = tune("report", "--storage", storage, "-o", str(page))
+    assert code == 0, err
+    text = page.read_text()
+    answer = text[text.index('<section id="answer">') : text.index("</section>")]
+    summary = summarize_stored(TunerStore(storage), "none")
+    closest = summary.closest_measured
+    assert summary.recommended is None and closest is not None
+    tpot = closest.objectives["p99_tpot"] * 1000
+    assert f"<b>No setting met the SLOs.</b> The closest is trial {closest.trial_number}" in answer
+    assert f"p99 TPOT {tpot:.3g} ms against its 1 ms limit" in answer
+    assert "does <b>not</b> meet them" in answer
+    assert f'<pre id="answer-serve-line">{html.escape(closest.serve_command)}</pre>' in answer
