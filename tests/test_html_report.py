@@ -247,26 +247,24 @@ def test_the_report_leads_with_the_answer_and_writes_its_timeline_png(
     monkeypatch.delenv("TUNE_NO_REPORT")
     monkeypatch.chdir(tmp_path)
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    # The bundled sample, whose defaults miss the SLO.
     code, _, err = tune(
-        "run",
-        "--trials",
-        "6",
-        "--slo",
-        "p99_tpot=50ms",
-        "--storage",
-        storage,
-        "--study",
-        "lead",
-    )  # the bundled sample, whose defaults miss the SLO
+        "run", "--trials", "6", "--slo", "p99_tpot=50ms", "--storage", storage,
+        "--study", "the-answer-first",
+    )  # fmt: skip
     assert code == 0, err
-    assert "report: lead-report.html (its timeline as a picture: lead-report.png)\n" in err
-    image = tmp_path / "lead-report.png"
+    # On one line, however long: a pipe's reader greps for it.
+    assert (
+        "\nreport: the-answer-first-report.html "
+        "(its timeline as a picture: the-answer-first-report.png)\n" in err
+    )
+    image = tmp_path / "the-answer-first-report.png"
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 20_000
 
-    text = (tmp_path / "lead-report.html").read_text()
+    text = (tmp_path / "the-answer-first-report.html").read_text()
     answer = text[text.index('<section id="answer">') : text.index("</section>")]
     assert text.index('<section id="answer">') < text.index('class="plotly-graph-div"')
-    summary = summarize_stored(TunerStore(storage), "lead")
+    summary = summarize_stored(TunerStore(storage), "the-answer-first")
     best, baseline = summary.recommended, summary.baseline
     assert best is not None and baseline is not None and best is not baseline
     assert f'<pre id="answer-serve-line">{html.escape(best.serve_command)}</pre>' in answer

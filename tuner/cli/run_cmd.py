@@ -257,7 +257,11 @@ def _explain(
                 command = shlex.join(diagnose)
                 err.print(escape(f"baseline: {finding} (all findings: {command})"), soft_wrap=True)
             if report_path is not None and summary.finished:
-                err.print(f"report: {session.write_report(report_path).words()}", markup=False)
+                err.print(
+                    f"report: {session.write_report(report_path).words()}",
+                    soft_wrap=True,
+                    markup=False,
+                )
     except KeyboardInterrupt:
         err.print(
             "interrupted after the study: every trial is kept; tune report writes the report",
