@@ -114,9 +114,10 @@ def _draw(axes: Sequence[Axes], panel: TimelinePanel, lines: Sequence[Any]) -> N
             line.label,
             (0, line.ms),
             xycoords=("axes fraction", "data"),
-            xytext=(4, 3),
+            xytext=(4, 4),
             textcoords="offset points",
             color=SLO_COLOUR,
+            bbox={"facecolor": "white", "edgecolor": "none", "pad": 1, "alpha": 0.8},
         )
     for ax in axes:
         ax.axvline(0, color=ARRIVAL["color"], linestyle=DASHES[ARRIVAL["dash"]], linewidth=1.2)
