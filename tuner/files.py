@@ -41,8 +41,12 @@ def read_input(path: str | Path, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
     anything else: a device may never end (``/dev/zero``), a pipe cannot be read twice, and a
     file over the bound is refused by its size, not read."""
     file = Path(path)
-    with open(file, "rb") as stream:  # a folder: IsADirectoryError, in the system's words
+    # Opened without waiting (a FIFO would block until a writer came), then judged by what
+    # was opened; a folder is IsADirectoryError, in the system's words.
+    with open(os.open(file, os.O_RDONLY | os.O_NONBLOCK), "rb") as stream:
         info = os.fstat(stream.fileno())
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(file))
         if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, "not a regular file (a device, FIFO or socket)")
         if info.st_size > max_bytes:
