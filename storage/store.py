@@ -135,6 +135,14 @@ class TunerStore:
             )
         study.target_trials, study.definition = target_trials, definition
 
+    def set_trace_path(self, study: StudyRecord, path: str) -> None:
+        """Record where the study's trace now is (its bytes checked by the caller)."""
+        with self.session() as session, session.begin():
+            session.execute(
+                update(StudyRecord).where(StudyRecord.id == study.id).values(trace_path=path)
+            )
+        study.trace_path = path
+
     def record_headroom(self, study: StudyRecord, headroom: dict[str, Any] | None) -> None:
         """Keep the study's headroom checks (:attr:`StudyRecord.headroom`)."""
         with self.session() as session, session.begin():
@@ -200,7 +208,7 @@ class TunerStore:
         if sqlite and (not database or database == ":memory:"):
             yield True  # one process only
             return
-        where = lock_path(database, ".runs.lock") if sqlite else redact_url(self.url)
+        where = lock_path(database, ".runs.lock") if sqlite and database else redact_url(self.url)
         if (where, study.id) in _RUNS_HELD:
             yield True
             return
@@ -413,6 +421,11 @@ def check_storage_url(url: str, *, must_exist: bool = False) -> URL:
 
 def _check_sqlite_path(parsed: URL, shown: str, must_exist: bool) -> None:
     database = parsed.database or ""
+    if parsed.query:  # ?mode=ro and the like: SQLAlchemy hands none of them to SQLite's file
+        raise TunerError(
+            f"{shown}: SQLite takes no URL options here ({', '.join(sorted(parsed.query))}); "
+            "give sqlite:///FILE"
+        )
     if not database or database == ":memory:":
         raise TunerError(
             f"{shown}: names no file, and an in-memory database keeps nothing (each "

@@ -476,7 +476,7 @@ def test_a_full_database_is_one_line_and_exit_1(tune, tmp_path: Path, monkeypatc
         (("--mix", "99999999999x1", "--count", "2"), "at most 1,000,000,000 prompt or output"),
         (("--burst", "decode@1*99999999999"), "the count must be at most 10,000,000"),
         (("--arrivals", "gamma", "--cv", "inf"), "--cv: inf is not a finite number"),
-        (("--rate", "nan"), "'--rate'"),
+        (("--rate", "nan"), "--rate: nan is not a number"),
     ],
 )
 def test_synth_refuses_what_it_cannot_write_or_read_back(
@@ -500,7 +500,9 @@ def test_what_synth_writes_at_its_limits_stats_reads_back(tune, tmp_path: Path) 
 
 def test_dequantize_errors_name_the_option(tune) -> None:
     err = one_line_error(*tune("trace", "stats", str(AZURE), "--dequantize", "-3"))
-    assert err == "error: --dequantize: must be a positive number of seconds or 'auto'\n"
+    assert err == (
+        "error: --dequantize: must be a positive number of seconds up to 86400 (a day), or 'auto'\n"
+    )
 
 
 def test_a_one_request_trace_has_no_mean_rate(tune) -> None:

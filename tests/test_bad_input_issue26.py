@@ -119,11 +119,14 @@ RUN = ["run", *SMALL, "--trials", "2", "--no-report"]
         (("--rate-scale", "1e-300"), "--rate-scale 1e-300: the last arrival would come at"),
         (("--rate-scale", "inf"), "--rate-scale: inf is not a finite number"),
         (("--rate-scale", "1e309"), "--rate-scale: inf is not a finite number"),
-        (("--rate-scale", "nan"), "'--rate-scale': 'nan' is not a number"),
+        (("--rate-scale", "nan"), "--rate-scale: nan is not a number"),
         (("--objective", "capacity", "--capacity-tolerance", "inf"), "inf is not a finite"),
-        (("--objective", "capacity", "--capacity-tolerance", "nan"), "'nan' is not a number"),
-        (("--error-budget", "nan"), "'--error-budget': 'nan' is not a number"),
-        (("--error-budget", "1e309"), "'--error-budget': '1e309' is not a finite number"),
+        (
+            ("--objective", "capacity", "--capacity-tolerance", "nan"),
+            "tolerance: nan is not a number",
+        ),
+        (("--error-budget", "nan"), "--error-budget: nan is not a number"),
+        (("--error-budget", "1e309"), "--error-budget: inf is not a finite number"),
         (("--timeout", "1e309"), "--timeout: inf is not a finite number"),
         (("--model", ""), "--model: the model name is empty"),
         (("--model", "-x"), "--model '-x': a model name cannot start with '-'"),
@@ -191,7 +194,7 @@ def test_simulator_flags_are_bounded_and_blamed_on_the_flag_given(
     ("args", "words"),
     [
         (("--rate", "1e309"), "--rate: inf is not a finite number"),
-        (("--rate", "nan"), "'--rate': 'nan' is not a number"),
+        (("--rate", "nan"), "--rate: nan is not a number"),
         (("--arrivals", "gamma", "--cv", "nan"), "--cv: nan is not a number"),
     ],
 )

@@ -234,3 +234,41 @@ def test_a_resume_with_the_profile_changed_is_refused(tune, inputs: Path) -> Non
     (inputs / "p.yaml").write_text(original)
     code, _, err = tune(*args, "--trials", "3")
     assert code in (0, 4), err
+
+
+def test_a_moved_trace_is_re_pointed_by_its_hash(tune, inputs: Path) -> None:
+    """The study's trace moved: ``--trace NEW`` on report or diagnose is checked by its
+    sha256 and recorded, so later commands find it; another file is refused."""
+    code, _, err = tune(*SHORT_RUN, "--trials", "2", "--study", "mv", "--no-report")
+    assert code in (0, 4), err
+    (inputs / "moved").mkdir()
+    (inputs / "t.csv").rename(inputs / "moved/t.csv")
+    code, _, err = tune("diagnose", "--study", "mv")
+    assert code == 2 and "cannot be read here" in err and "--trace" in err, err
+    err = _refused(tune, "diagnose", "--study", "mv", "--trace", "p.yaml")
+    assert "not the trace of study 'mv'" in err
+    code, _, err = tune("diagnose", "--study", "mv", "--trace", "moved/t.csv")
+    assert code == 0, err
+    code, _, err = tune("diagnose", "--study", "mv")  # the new place is recorded
+    assert code == 0, err
+    record = TunerStore("sqlite:///tune.db").get_study("mv")
+    assert record is not None and record.trace_path == str(inputs / "moved/t.csv")
+
+
+def test_a_study_of_the_bundled_sample_survives_a_reinstall(
+    tune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sample ships by hash: when the recorded path is gone (a reinstall moved
+    site-packages), the installed sample with the same bytes is the study's trace."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = tune(
+        "run", "--slo", "p99_tpot=50ms", "--max-requests", "60", "--trials", "2",
+        "--study", "sample", "--no-report",
+    )  # fmt: skip
+    assert code in (0, 4), err
+    store = TunerStore("sqlite:///tune.db")
+    record = store.get_study("sample")
+    assert record is not None
+    store.set_trace_path(record, "/gone/site-packages/prefill_tuner/data/sample_trace.jsonl")
+    code, _, err = tune("diagnose", "--study", "sample")
+    assert code == 0, err

@@ -41,6 +41,12 @@ HEARTBEAT_S = 15
 """Seconds between a worker's heartbeats."""
 GRACE_S = 60
 """Seconds without a heartbeat after which a worker is taken for dead."""
+MAX_HEARTBEAT_S = 3600
+"""The longest interval between heartbeats (an hour)."""
+MAX_GRACE_S = 7 * 86_400
+"""The longest a worker may be silent before it is taken for dead (a week)."""
+MAX_REPEATS = 100
+"""The most runs of each setting a night makes."""
 
 SAMPLE_TRACE = Path(__file__).resolve().parent / "data" / "sample_trace.jsonl"
 """The trace ``tune run`` replays when none is given: the first 4 minutes of the Mooncake

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from yaml.composer import ComposerError
+from yaml.constructor import ConstructorError
 
 from prefill_tuner.files import read_input
 
@@ -46,7 +48,23 @@ def read_yaml(path: str | Path) -> Any:
 
 class _NoAliasLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses an alias (``*name``), the one way a small document
-    becomes a large one."""
+    becomes a large one, and a key given twice in one mapping (YAML forbids it; PyYAML would
+    keep the last one without a word)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, Hashable) and key in seen:
+                    raise ConstructorError(
+                        None,
+                        None,
+                        f"line {key_node.start_mark.line + 1}: the key {key!r} is given twice",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):

@@ -146,9 +146,14 @@ def _parser_error(exc: Exception) -> NoReturn:
     if _is_click(exc, "Abort"):
         _fail("aborted", exit_codes.FAILURE)
     not_finite = _not_finite(exc)
-    if not_finite:
-        exc.message = not_finite  # type: ignore[attr-defined]
-    message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+    param = getattr(exc, "param", None)
+    if not_finite and param is not None and getattr(param, "opts", None):
+        # As the command's own checks say it (an option with bounds is checked by the parser)
+        message = f"{param.opts[0]}: {not_finite}"
+    else:
+        if not_finite:
+            exc.message = not_finite  # type: ignore[attr-defined]
+        message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
     context = getattr(exc, "ctx", None)
     if context is not None:
         message += f" (see {context.command_path} --help)"
@@ -170,7 +175,7 @@ def _not_finite(exc: Exception) -> str | None:
         return None
     if math.isfinite(value):
         return None
-    return f"{given!r} is {'not a number' if math.isnan(value) else 'not a finite number'}"
+    return f"{value} is {'not a number' if math.isnan(value) else 'not a finite number'}"
 
 
 def _fail(message: str, code: int, stdout_failed: bool = False) -> NoReturn:

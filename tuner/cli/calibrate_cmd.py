@@ -30,6 +30,7 @@ from prefill_tuner.cli.options import (
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.engines.sim.cost_model import FittedProfile
 from prefill_tuner.engines.sim.hardware import ProfileSpec
+from prefill_tuner.engines.sim.profile_base import check_profile_name
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
 from prefill_tuner.storage.store import inputs_of
@@ -134,6 +135,8 @@ def calibrate_command(
     print the fit's held-out error and write the profile for --profile. With --profile (or
     --gpu ...) a kernels profile keeps its measured kernels and only its time outside kernels
     is refitted."""
+    if name is not None:
+        check_profile_name(name, "--name")
     check_output(output, inputs_of(storage))
     err = error_console()
 

@@ -46,7 +46,11 @@ def diagnose_command(
     storage: StorageOpt = defaults.STORAGE,
     trace_file: Annotated[
         Path | None,
-        typer.Option("--trace", help="Or simulate this trace with the scheduler flags below."),
+        typer.Option(
+            "--trace",
+            help="Or simulate this trace with the scheduler flags below (with --study: where "
+            "the study's trace is now, if it moved, checked by its sha256).",
+        ),
     ] = None,
     steps_file: Annotated[
         Path | None,
@@ -74,8 +78,11 @@ def diagnose_command(
 ) -> None:
     """Name what a run shows (spikes, prefill starvation, KV thrashing, admission stalls,
     fragmented steps), with its evidence and the knob to move."""
+    moved = trace_file if study_name is not None else None  # --study S --trace: where S's is
     given = [name for name, value in (("--study", study_name), ("--trace", trace_file),
                                       ("--steps", steps_file)) if value is not None]  # fmt: skip
+    if moved is not None:
+        given.remove("--trace")
     if len(given) != 1:
         raise TunerError(
             "give one run to diagnose: --study NAME [--trial N], --trace FILE or --steps FILE"
@@ -87,7 +94,7 @@ def diagnose_command(
     if engine_name == "vllm" and trace_file is None:
         raise TunerError("--engine vllm: only with --trace (it replays the trace on a server)")
     if study_name is not None:
-        view, what = _stored(study_name, trial, storage)
+        view, what = _stored(study_name, trial, storage, moved)
     elif engine_name == "vllm":
         assert trace_file is not None
         requests = load_trace(str(trace_file), trace.format, sort=trace.sort, options=trace.shaping)
@@ -133,8 +140,10 @@ def _replayed(
     return logged_view(Path(steps), {**scheduler, **fixed}, requests, run.records, started)
 
 
-def _stored(study_name: str, trial: int | None, storage: str) -> tuple[RunView, str]:
-    store, name = open_stored(study_name, storage)
+def _stored(
+    study_name: str, trial: int | None, storage: str, moved: Path | None
+) -> tuple[RunView, str]:
+    store, name = open_stored(study_name, storage, trace=moved)
     record = store.get_study(name)
     assert record is not None
     trials = store.trials(record)

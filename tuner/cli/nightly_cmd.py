@@ -74,6 +74,7 @@ def nightly_command(
         typer.Option(
             "--repeats",
             min=1,
+            max=defaults.MAX_REPEATS,
             help=_job("repeats"),
         ),
     ] = defaults.REPEATS,

@@ -34,6 +34,7 @@ from prefill_tuner.search_spaces.space import MAX_ENGINE_INT
 from prefill_tuner.storage.store import check_storage_url
 from prefill_tuner.study.plan import SpaceSpec, StudyPlan, TraceSpec
 from prefill_tuner.trace import ShapeOptions
+from prefill_tuner.trace.shaping import MAX_RATE_SCALE
 
 ENGINE_PANEL = "Engine"
 TRACE_PANEL = "Trace shaping"
@@ -95,6 +96,14 @@ SampledTraceOpt = Annotated[
 """A trace to tune on, the bundled sample (``defaults.SAMPLE_TRACE``) when none is given."""
 MAX_SEED = 2**32 - 1
 """Seeds go to numpy and Optuna, which take 0..2**32-1."""
+MovedTraceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--trace",
+        help="Where the study's trace is now, if it moved (checked by its sha256, then "
+        "recorded with the study).",
+    ),
+]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help=_study("seed"))]
 MAX_TRIALS = 1_000_000
 """The most trials a study may ask for (more would never finish; 10**20 overflowed SQLite)."""
@@ -389,7 +398,7 @@ _TRACE_READING = (
         "rate_scale",
         Annotated[
             float,
-            _option("--rate-scale", _shaping("rate_scale"), TRACE_PANEL, min=0),
+            _option("--rate-scale", _shaping("rate_scale"), TRACE_PANEL, min=0, max=MAX_RATE_SCALE),
         ],
         1.0,
     ),

@@ -17,7 +17,7 @@ from prefill_tuner.cli.options import HARDWARE, ModelOpt, with_options
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.engines.sim.kernels import KernelProfile, bundled_models, known_gpus
 from prefill_tuner.engines.sim.kernels.models import config_files
-from prefill_tuner.engines.sim.profile_base import StepShape
+from prefill_tuner.engines.sim.profile_base import StepShape, check_profile_name
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
 
@@ -62,6 +62,8 @@ def profile_command(
         raise TunerError("--profile: tune profile builds a profile; give --gpu, not --profile")
     if output is None:
         raise TunerError("--output: give the file to write the profile to (-o profile.yaml)")
+    if name is not None:
+        check_profile_name(name, "--name")
     check_output(output, config_files(hardware.model_config) if hardware.model_config else [])
     profile = hardware.build(model, max_model_len, name)
     with atomic_text(output) as stream:

@@ -9,7 +9,7 @@ import typer
 
 from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import error_console
-from prefill_tuner.cli.options import StorageOpt, StudyOpt
+from prefill_tuner.cli.options import MovedTraceOpt, StorageOpt, StudyOpt
 from prefill_tuner.cli.stored import open_stored
 from prefill_tuner.output.html import write_report
 from prefill_tuner.stopping import stop_signals
@@ -22,10 +22,11 @@ def report_command(
         Path | None,
         typer.Option("--output", "-o", help="Where to write it.", show_default="STUDY-report.html"),
     ] = None,
+    trace: MovedTraceOpt = None,
 ) -> None:
     """Write a study's report: one HTML file that works offline, with the plots that explain
     its recommendation."""
-    store, name = open_stored(study_name, storage, output)
+    store, name = open_stored(study_name, storage, output, trace)
     err = error_console()
     try:
         with stop_signals(err):  # SIGTERM too: a half-written file is removed

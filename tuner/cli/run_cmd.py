@@ -183,16 +183,9 @@ def run_command(
             with stop_signals(err), ProgressDisplay(err, plan, verbose=verbose) as display:
                 interrupted = session.run(display.progress, _sayer(err))
             if interrupted:
-                err.print(
-                    "interrupted: every finished trial is kept; run the same command to resume"
-                )
+                err.print(INTERRUPTED_WORDS)
             summary = session.summary(None if interrupted else _sayer(err))
-            if as_json:
-                print_document(stored_summary_document(store, plan.name))
-            else:
-                warnings = [found.line() for found in stored_saturation(store, summary, plan.trace)]
-                shown = render_summary(summary, explain=explain, every=every, warnings=warnings)
-                output_console().print(shown, crop=False)
+            _print_summary(store, summary, plan, as_json=as_json, explain=explain, every=every)
             if interrupted:
                 raise typer.Exit(exit_codes.INTERRUPTED)
             _explain(session, summary, storage, report_path, err)
@@ -208,6 +201,25 @@ SAMPLE_WORDS = (
     f"tuning on the bundled sample ({defaults.SAMPLE_DESCRIPTION}); give --trace FILE to "
     "tune on your own traffic"
 )
+
+
+def _print_summary(
+    store: TunerStore,
+    summary: StudySummary,
+    plan: StudyPlan,
+    *,
+    as_json: bool,
+    explain: bool,
+    every: bool,
+) -> None:
+    """The study's results on stdout: its JSON document, or the answer first (with a
+    saturation warning where an un-SLO'd latency shows one)."""
+    if as_json:
+        print_document(stored_summary_document(store, plan.name))
+        return
+    warnings = [found.line() for found in stored_saturation(store, summary, plan.trace)]
+    shown = render_summary(summary, explain=explain, every=every, warnings=warnings)
+    output_console().print(shown, crop=False)
 
 
 def _trace_words(trace_file: Path, err: Console) -> str:

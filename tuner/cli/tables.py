@@ -92,6 +92,7 @@ def render_summary(
     else:
         parts.append(Text(answer_line(summary, recommended), style="bold"))
         parts.append(_serve(recommended))  # never wrapped: a pasted line must run as printed
+        parts += [Text(f"note: {note}") for note in _outside_notes(recommended)]
         parts += [Text(line) for line in _margin_lines(summary)]
         parts += [Text(line, style="yellow") for line in warnings]
         parts.append(Text(""))
@@ -126,6 +127,12 @@ def answer_line(summary: StudySummary, recommended: TrialRecord) -> str:
 
 def _serve(trial: TrialRecord) -> Text:
     return Text(trial.serve_command, no_wrap=True, overflow="ignore")
+
+
+def _outside_notes(trial: TrialRecord) -> list[str]:
+    """A recommended baseline's settings outside the searched space: its serve line holds
+    values no other trial could, said beside it."""
+    return [note for note in trial.repairs or () if note.startswith(BASELINE_OUTSIDE)]
 
 
 def _margin_lines(summary: StudySummary) -> list[str]:

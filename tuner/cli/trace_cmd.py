@@ -118,7 +118,10 @@ def synth_command(
     cv: Annotated[
         float,
         typer.Option(
-            "--cv", help="Coefficient of variation of gamma interarrivals (>1: burstier)."
+            "--cv",
+            min=0.01,
+            max=100,
+            help="Coefficient of variation of gamma interarrivals (>1: burstier).",
         ),
     ] = 2.0,
     burst: Annotated[

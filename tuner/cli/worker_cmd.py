@@ -18,7 +18,7 @@ from prefill_tuner.cli.display import (
     error_console,
     quiet_optuna,
 )
-from prefill_tuner.cli.options import ENGINE, StorageOpt, with_options
+from prefill_tuner.cli.options import ENGINE, SeedOpt, StorageOpt, with_options
 from prefill_tuner.engines.factory import EngineOptions, build_engine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.stopping import stop_signals
@@ -43,17 +43,22 @@ def worker_command(
             "the study); it must be the same file (sha256).",
         ),
     ] = None,
-    seed: Annotated[
-        int, typer.Option("--seed", help="Sampler seed (added to a per-trial offset).")
-    ] = 0,
+    seed: SeedOpt = 0,
     heartbeat: Annotated[
-        int, typer.Option("--heartbeat", min=1, help="Seconds between a trial's heartbeats.")
+        int,
+        typer.Option(
+            "--heartbeat",
+            min=1,
+            max=defaults.MAX_HEARTBEAT_S,
+            help="Seconds between a trial's heartbeats.",
+        ),
     ] = defaults.HEARTBEAT_S,
     grace: Annotated[
         int,
         typer.Option(
             "--grace",
             min=1,
+            max=defaults.MAX_GRACE_S,
             help="Seconds without a heartbeat after which a trial's worker is taken for dead: "
             "its trial is failed and run again by another worker.",
         ),

@@ -22,7 +22,7 @@ from prefill_tuner.search_spaces.space import (
     build_space,
     load_space_file,
 )
-from prefill_tuner.study.windows import canonical, judge_windows
+from prefill_tuner.study.windows import canonical, check_new_windows, judge_windows
 from prefill_tuner.trace import load_trace
 from prefill_tuner.trace.classes import check_slo_classes, class_counts
 from prefill_tuner.trace.model import Trace
@@ -269,6 +269,7 @@ def build_plan(
         update={"max_model_len": engine.max_model_len(search.fixed), "over_length": "clip"}
     )
     requests = load_trace(str(trace.path), trace.format, sort=trace.sort, options=shaping)
+    check_new_windows(requests, judge_windows)
     return StudyPlan(
         name=(
             check_study_name(name)

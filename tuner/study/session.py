@@ -63,7 +63,9 @@ class TuningSession:
             self.study, self.record = open_study(self.plan, self.store, self.engine)
             opening.enter_context(running(self.study, self.store, self.record))
             self.store.record_definition(
-                self.record, self.plan.trials, definition_of(self.plan, self.engine, sort=self.sorted_trace)
+                self.record,
+                self.plan.trials,
+                definition_of(self.plan, self.engine, sort=self.sorted_trace),
             )
             if self.given_profile is not None and self.engine.starts_servers:
                 give_profile(self.study, self.given_profile)

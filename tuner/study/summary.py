@@ -6,6 +6,7 @@ documents and the HTML report (``output/``) present, and ``export`` writes as se
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 from collections.abc import Sequence
@@ -16,8 +17,9 @@ from typing import Any
 import numpy as np
 import optuna
 
+from prefill_tuner import defaults
 from prefill_tuner.errors import TunerError
-from prefill_tuner.files import read_input
+from prefill_tuner.files import read_input, why_unreadable
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import command_yaml
@@ -187,14 +189,48 @@ def find_study(store: TunerStore, name: str | None) -> str:
     return name
 
 
-def study_trace(record: StudyRecord) -> tuple[Trace | None, str | None]:
-    """The study's trace, shaped as the study shaped it, when this machine still has it
-    unchanged (else ``None`` and why)."""
+def trace_location(record: StudyRecord) -> Path:
+    """Where the study's trace is on this machine: the path recorded with it, or, when that
+    file is gone and the bundled sample is the study's trace byte for byte, the sample (it
+    ships by hash: a reinstall moves it). :func:`repoint_trace` records a moved trace's path."""
     path = Path(record.trace_path)
+    if not path.exists() and record.trace_sha256 == _sample_sha256():
+        return defaults.SAMPLE_TRACE
+    return path
+
+
+@functools.cache
+def _sample_sha256() -> str:
+    return hashlib.sha256(defaults.SAMPLE_TRACE.read_bytes()).hexdigest()
+
+
+def repoint_trace(store: TunerStore, record: StudyRecord, path: Path) -> None:
+    """Record that the study's trace is now at ``path`` (a trace moved, a machine changed),
+    once its bytes are checked to be the study's (sha256); a one-line error otherwise."""
     try:
         data = read_input(path)
     except OSError as exc:
-        return None, f"the study's trace {path} cannot be read here ({exc.strerror or exc})"
+        raise TunerError(f"{path}: cannot read the trace: {why_unreadable(exc)}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != record.trace_sha256:
+        raise TunerError(
+            f"{path}: not the trace of study {record.name!r} (sha256 {digest[:12]}…, the study "
+            f"ran on {record.trace_sha256[:12]}…, {record.trace_path})"
+        )
+    store.set_trace_path(record, str(path.resolve()))
+
+
+def study_trace(record: StudyRecord) -> tuple[Trace | None, str | None]:
+    """The study's trace, shaped as the study shaped it, when this machine still has it
+    unchanged (else ``None`` and why)."""
+    path = trace_location(record)
+    try:
+        data = read_input(path)
+    except OSError as exc:
+        return None, (
+            f"the study's trace {path} cannot be read here ({exc.strerror or exc}); if it "
+            "moved, give its new path as `trace`"
+        )
     if hashlib.sha256(data).hexdigest() != record.trace_sha256:
         return None, f"the study's trace {path} has changed since the study ran"
     try:

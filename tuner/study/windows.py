@@ -75,11 +75,28 @@ def canonical(spec: str) -> str:
     return f"busiest:{first:g}" if kind == "busiest" else f"{first:g}..{second:g}"
 
 
+def check_new_windows(trace: Trace, specs: Sequence[str]) -> None:
+    """A new study's windows: a busiest stretch longer than the trace judges nothing the
+    whole trace does not (a later trace, as a nightly run's, may be shorter: not refused
+    there)."""
+    span = trace.requests[-1].arrival_s - trace.requests[0].arrival_s if trace.requests else 0.0
+    for spec in specs:
+        kind, first, _ = parse_window(spec)
+        if kind == "busiest" and first > span:
+            raise TunerError(
+                f"`{WINDOWS_FIELD}` {spec!r}: longer than the trace ({span:,.0f} s of "
+                "arrivals); the whole trace is judged already: give a shorter stretch"
+            )
+
+
 def judge_windows(trace: Trace, specs: Sequence[str]) -> list[JudgeWindow]:
-    """The windows ``specs`` name, cut from ``trace`` (a window without requests is refused)."""
-    result = []
+    """The windows ``specs`` name, cut from ``trace`` (a window given twice, or without
+    requests, is refused)."""
+    result: list[JudgeWindow] = []
     for spec in specs:
         kind, first, second = parse_window(spec)
+        if canonical(spec) in [window.spec for window in result]:
+            raise TunerError(f"`{WINDOWS_FIELD}` {spec!r}: given twice")
         if kind == "busiest":
             start, part = busiest_window(trace, first)
         else:

@@ -21,6 +21,10 @@ from prefill_tuner.trace.readers import MAX_TIMESTAMP
 
 MAX_ARRIVAL_S = MAX_TIMESTAMP / 1000
 """The latest arrival a shaped trace may hold, as the readers' (native timestamps: ms)."""
+MAX_RATE_SCALE = 10_000.0
+"""The largest rate multiplier: 10,000× a trace's rate turns a day into nine seconds."""
+MAX_QUANTUM_S = 86_400.0
+"""The coarsest timestamp a trace is dequantized over: a day."""
 
 
 class ShapeOptions(BaseModel):
@@ -54,7 +58,7 @@ class ShapeOptions(BaseModel):
     """Window length in seconds.
 
     ``None``: to the end."""
-    rate_scale: float = Field(default=1.0, gt=0)
+    rate_scale: float = Field(default=1.0, gt=0, le=MAX_RATE_SCALE)
     """Multiply the arrival rate (0.1 = 10× slower, 2 = twice as fast)."""
     max_model_len: int | None = Field(default=None, ge=2)
     """Clip or drop requests whose prompt + output exceed this."""
@@ -82,9 +86,12 @@ class ShapeOptions(BaseModel):
     @model_validator(mode="after")
     def _check_quantum(self) -> ShapeOptions:
         if isinstance(self.dequantize_s, float) and not (
-            math.isfinite(self.dequantize_s) and self.dequantize_s > 0
+            math.isfinite(self.dequantize_s) and 0 < self.dequantize_s <= MAX_QUANTUM_S
         ):
-            raise ValueError("dequantize_s must be a positive number of seconds or 'auto'")
+            raise ValueError(
+                f"dequantize_s must be a positive number of seconds up to {MAX_QUANTUM_S:g} "
+                "(a day), or 'auto'"
+            )
         return self
 
 

@@ -46,6 +46,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from prefill_tuner.engines.sim.kernels.profile import KernelProfile
+from prefill_tuner.engines.sim.profile_base import (
+    MAX_KV_BYTES_PER_TOKEN,
+    MAX_PART_MS,
+)
 from prefill_tuner.engines.sim.profile_base import Provenance as Provenance
 from prefill_tuner.engines.sim.profile_base import StepShape as StepShape
 from prefill_tuner.engines.sim.profile_base import shape_of as shape_of
@@ -59,12 +63,12 @@ PROFILES_DIR = Path(__file__).parent / "profiles"
 class ConstantProfile(BaseModel):
     """Every step takes the same time."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     kind: Literal["constant"] = "constant"
     name: str = "constant"
     description: str = ""
-    step_ms: float = Field(gt=0)
+    step_ms: float = Field(gt=0, le=MAX_PART_MS)
     """Duration of every step, in milliseconds."""
     engine_defaults: dict[str, int | float | bool] = Field(default_factory=dict)
     """Engine settings this hardware implies (e.g. ``num_gpu_blocks``, ``block_size``)."""
@@ -150,40 +154,42 @@ def step_features(shape: StepShape) -> tuple[int, ...]:
 class FittedProfile(BaseModel):
     """Step time linear in what the step computes, fitted to a real engine (module docs)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True
+    )
 
     kind: Literal["fitted"] = "fitted"
     name: str
     description: str = ""
-    base_ms: float = Field(ge=0)
+    base_ms: float = Field(ge=0, le=MAX_PART_MS)
     """Model time of any step (kernel launches, sampling, the weights' pass at batch one)."""
-    prefill_token_ms: float = Field(default=0.0, ge=0)
+    prefill_token_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Per prompt (or recomputed) token processed."""
-    prefill_pair_ms: float = Field(default=0.0, ge=0)
+    prefill_pair_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Per query-key pair of the prefill chunks' causal attention (what makes long chunks
     cost more than linearly)."""
-    prefill_context_ms: float = Field(default=0.0, ge=0)
+    prefill_context_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Per KV token the prefill chunks' attention reads (earlier chunks' context)."""
-    decode_ms: float = Field(default=0.0, ge=0)
+    decode_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Per request decoding one token."""
-    decode_squared_ms: float = Field(default=0.0, ge=0)
+    decode_squared_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Per squared decode batch size (decode cost that grows faster than the batch, as on a
     CPU whose threads saturate; zero where the batch is cheap to grow)."""
-    decode_context_ms: float = Field(default=0.0, ge=0)
+    decode_context_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Per KV token the decodes' attention reads."""
-    request_ms: float = Field(default=0.0, ge=0)
+    request_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Per scheduled request (metadata, sampling)."""
-    host_ms: float = Field(default=0.0, ge=0)
+    host_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Per step, outside vLLM's step timer: scheduling, output processing, the messages to
     the front end (fitted to the gaps between the log's step lines)."""
-    host_request_ms: float = Field(default=0.0, ge=0)
+    host_request_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Of that host time, per scheduled request."""
-    request_latency_ms: float = Field(default=0.0, ge=0)
+    request_latency_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """From a request's send to the scheduler seeing it (HTTP, tokenisation, the front end;
     fitted to the replay's TTFTs)."""
-    request_interval_ms: float = Field(default=0.0, ge=0)
+    request_interval_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Least time between two requests reaching the scheduler (fitted to bursts' TTFTs)."""
-    kv_bytes_per_token: float | None = Field(default=None, gt=0)
+    kv_bytes_per_token: float | None = Field(default=None, gt=0, le=MAX_KV_BYTES_PER_TOKEN)
     """KV cache bytes per token, when known (sizes the pool for ``--kv-cache-memory-bytes``)."""
     engine_defaults: dict[str, int | float | bool] = Field(default_factory=dict)
     """Engine settings of the server calibrated: ``num_gpu_blocks``, ``block_size``,

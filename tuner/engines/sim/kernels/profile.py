@@ -36,7 +36,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from prefill_tuner.defaults import GPU_MEMORY_UTILIZATION
-from prefill_tuner.engines.sim.profile_base import Provenance, StepShape
+from prefill_tuner.engines.sim.profile_base import (
+    MAX_BANDWIDTH_GBPS,
+    MAX_BYTES,
+    MAX_KV_BYTES_PER_TOKEN,
+    MAX_PART_MS,
+    Provenance,
+    StepShape,
+)
 
 _SAFETY = 1.0 - 1e-9
 """The lower bounds are shaved by this factor, so that rounding never lifts them above a sum
@@ -47,7 +54,7 @@ class GemmCurve(BaseModel):
     """One GEMM call's latency at the profile's ``gemm_tokens``: ``M`` tokens (or requests),
     ``n`` outputs, ``k`` inputs, at the tensor-parallel shard."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     n: int = Field(gt=0)
     k: int = Field(gt=0)
@@ -58,7 +65,7 @@ class GemmCurve(BaseModel):
 class Curve(BaseModel):
     """A latency curve over one axis (a sequence length, a message size)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     x: tuple[float, ...]
     ms: tuple[float, ...]
@@ -71,13 +78,15 @@ class Curve(BaseModel):
             raise ValueError("a curve's x must increase")
         if any(not math.isfinite(v) or v < 0 for v in self.ms):
             raise ValueError("a curve's ms must be finite and non-negative")
+        if max(self.ms) > MAX_PART_MS or not all(math.isfinite(v) for v in self.x):
+            raise ValueError(f"a curve's x must be finite and its ms at most {MAX_PART_MS:g}")
         return self
 
 
 class DecodeGrid(BaseModel):
     """Decode attention of one layer: ``batch`` requests each reading ``kv_tokens`` KV tokens."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     batch: tuple[int, ...]
     kv_tokens: tuple[int, ...]
@@ -103,13 +112,13 @@ class MemoryOp(BaseModel):
     ``bytes_per_unit × units / bandwidth`` plus ``launches × memory_op_us``, where a unit is a
     token of the step (``per: token``) or one of its requests (``per: request``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     per: Literal["token", "request"]
     launches: int = Field(ge=0)
     """Kernel launches per step (per layer ones counted ``layers`` times)."""
-    bytes_per_unit: float = Field(ge=0)
+    bytes_per_unit: float = Field(ge=0, le=MAX_BYTES)
     """Bytes read and written per token (or request), all launches together."""
 
 
@@ -117,23 +126,25 @@ class MemoryPlan(BaseModel):
     """How the KV pool was sized (vLLM: ``gpu_memory_utilization`` of the GPU's memory, less
     the weights, the profiling run's activation peak and what else it measures)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    capacity_bytes: int
-    gpu_memory_utilization: float
-    weight_bytes: int
+    capacity_bytes: int = Field(gt=0, le=MAX_BYTES)
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    weight_bytes: int = Field(ge=0, le=MAX_BYTES)
     """Weights on one GPU (its shard; embeddings and norms in bf16)."""
-    activation_reserve_bytes: int
+    activation_reserve_bytes: int = Field(ge=0, le=MAX_BYTES)
     """Activations of the profiling run, sampler, CUDA graphs and non-torch memory (an
     estimate: ``docs/kernel-profiles.md``)."""
-    kv_cache_bytes: int
+    kv_cache_bytes: int = Field(ge=0, le=MAX_BYTES)
     """What is left for the KV cache."""
 
 
 class KernelProfile(BaseModel):
     """Step time as the sum of vLLM's measured kernels (module docs)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True
+    )
 
     kind: Literal["kernels"] = "kernels"
     name: str
@@ -171,24 +182,24 @@ class KernelProfile(BaseModel):
     logits_gather: Curve | None = None
     """Gathering ``x`` logits from the ``tp`` GPUs (none at ``tp`` 1)."""
     memory_ops: tuple[MemoryOp, ...] = ()
-    memory_bandwidth_gbps: float = Field(gt=0)
+    memory_bandwidth_gbps: float = Field(gt=0, le=MAX_BANDWIDTH_GBPS)
     """Achieved bandwidth of the memory-bound kernels (the datasheet's × 0.8)."""
-    memory_op_us: float = Field(default=3.0, ge=0)
+    memory_op_us: float = Field(default=3.0, ge=0, le=MAX_PART_MS * 1000)
     """Fixed cost of each memory-bound kernel launch."""
-    overhead_ms: float = Field(default=0.5, ge=0)
+    overhead_ms: float = Field(default=0.5, ge=0, le=MAX_PART_MS)
     """Device time of a step outside the kernels above (input copies, launch gaps)."""
-    per_request_us: float = Field(default=5.0, ge=0)
+    per_request_us: float = Field(default=5.0, ge=0, le=MAX_PART_MS * 1000)
     """Device time per scheduled request outside the kernels above."""
-    host_ms: float = Field(default=1.0, ge=0)
+    host_ms: float = Field(default=1.0, ge=0, le=MAX_PART_MS)
     """Host time of a step: scheduling, input preparation, output processing (a synchronous
     engine adds it; async scheduling runs it while the previous step computes)."""
-    host_request_us: float = Field(default=5.0, ge=0)
+    host_request_us: float = Field(default=5.0, ge=0, le=MAX_PART_MS * 1000)
     """Host time per scheduled request."""
-    request_latency_ms: float = Field(default=0.0, ge=0)
+    request_latency_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """From a request's send to the scheduler seeing it (the front end; 0 until calibrated)."""
-    request_interval_ms: float = Field(default=0.0, ge=0)
+    request_interval_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Least time between two requests reaching the scheduler (0 until calibrated)."""
-    kv_bytes_per_token: float = Field(gt=0)
+    kv_bytes_per_token: float = Field(gt=0, le=MAX_KV_BYTES_PER_TOKEN)
     """KV cache bytes per token on one GPU: 2 × layers × max(1, KV heads / tp) × head_dim ×
     the KV dtype's bytes."""
     memory: MemoryPlan
