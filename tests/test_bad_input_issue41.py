@@ -120,3 +120,58 @@ def test_a_verify_reference_is_read_bounded(tune, tmp_path: Path) -> None:
         stream.truncate(2**30)
     err = one_line_error(*tune(*base, str(huge)))
     assert "ref.json" in err and "1 GiB" in err
+
+
+# Item 9: the rest of the newcomer's list ------------------------------------------------------
+def test_a_profile_setting_is_named_as_the_profile_writes_it(tune, tmp_path: Path) -> None:
+    profile = tmp_path / "c.yaml"
+    profile.write_text(
+        "kind: constant\nname: c\nstep_ms: 10\nengine_defaults: {max_model_len: 1}\n"
+    )
+    err = one_line_error(*tune("simulate", *SMALL[:4], "--profile", str(profile)))
+    assert "c.yaml: field 'engine_defaults.max_model_len'" in err
+    assert "--max-model-len" not in err
+
+
+@pytest.mark.parametrize(
+    "content", ["max_num_batched_tokens: 0..10\n", "bogus_knob: 1..2\n", "max_num_seqs: [a, b]\n"]
+)
+def test_a_space_file_error_names_the_file(tune, tmp_path: Path, content: str) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(content)
+    err = one_line_error(*tune(*RUN, "--storage", "sqlite:///x.db", "--space-file", str(space)))
+    assert err.startswith(f"error: {space}: ") and "--space" not in err
+    _nothing_stored(tmp_path)
+
+
+def test_a_report_folder_that_cannot_be_written_is_refused_first(
+    tune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/sys refuses new files even to root (whom permission bits never stop): tried, not
+    read from the bits."""
+    monkeypatch.delenv("TUNE_NO_REPORT", raising=False)  # the suite's default (conftest.py)
+    err = one_line_error(
+        *tune(
+            "run", *SMALL, "--trials", "2", "--storage", "sqlite:///x.db", "--report", "/sys/r.html"
+        )
+    )
+    assert "cannot write in the folder '/sys'" in err
+    _nothing_stored(tmp_path)
+
+
+def test_a_dash_is_standard_output_for_export_and_report(tune, tmp_path: Path) -> None:
+    code, _, err = tune(
+        "run", *SMALL, "--trials", "3", "--storage", "sqlite:///x.db", "--no-report"
+    )
+    assert code == 0, err
+    code, out, err = tune("export", "--storage", "sqlite:///x.db", "--format", "yaml", "-o", "-")
+    assert code == 0 and "max-num-batched-tokens" in out, err
+    code, out, err = tune("report", "--storage", "sqlite:///x.db", "-o", "-")
+    assert code == 0 and out.lstrip().lower().startswith("<!doctype html"), err
+    assert not (tmp_path / "-").exists()
+
+
+def test_every_request_failing_says_so_not_nan(tune) -> None:
+    code, out, err = tune("simulate", *SMALL[:4], "--max-model-len", "16")
+    assert code == 0, err
+    assert "nan" not in out and "no request completed" in out

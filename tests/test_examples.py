@@ -593,3 +593,34 @@ def test_a_stop_at_any_moment_of_the_start_leaves_no_tune_running(
                 process.kill()
             for pid in left:
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_wrapper_runs_a_night_on_the_simulator(tmp_path: Path) -> None:
+    """The real tune behind the wrapper, on the simulator: without TUNE_LOG_DIR the wrapper
+    passes no --log-dir (the simulator starts no server and refuses it), and the night runs
+    (it used to end in exit 2 on its own --log-dir)."""
+    traces = tmp_path / "traces" / "prod"
+    traces.mkdir(parents=True)
+    synth = [sys.executable, "-m", "prefill_tuner", "trace", "synth"]
+    day = traces / "2026-01-14.jsonl"
+    subprocess.run(
+        [*synth, str(day), "--rate", "4", "--duration", "20", "--seed", "1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    tune_bin = tmp_path / "bin"
+    tune_bin.mkdir()
+    (tune_bin / "tune").symlink_to(Path(sys.executable).parent / "tune")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNE_", "HF_"))}
+    env |= {
+        "PATH": f"{tune_bin}{os.pathsep}{env['PATH']}",
+        "TUNE_TRACE_DIR": str(tmp_path / "traces"),
+        "TUNE_REPORT_DIR": str(tmp_path / "reports"),
+        "TUNE_STORAGE": f"sqlite:///{tmp_path / 'tune.db'}",
+        "TUNE_DAY": "2026-01-14",
+    }
+    done = subprocess.run(
+        ["bash", str(WRAPPER), "prod", "--slo", "p99_tpot=100ms", "--trials", "3"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode in (0, 3), done.stderr
+    assert (tmp_path / "reports" / "prod").is_dir()

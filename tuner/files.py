@@ -132,8 +132,7 @@ def check_output(path: str | Path, inputs: Sequence[str | Path] = ()) -> Path:
     for shown, source in given + recorded:
         if _same(source, mine):
             raise TunerError(f"{target}: is the input file {shown}; write to another file")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise TunerError(f"{target}: cannot write in the folder {str(directory)!r}")
+    _check_writable(target, directory)
     try:
         mode = target.lstat().st_mode
     except FileNotFoundError:
@@ -159,6 +158,19 @@ def check_output(path: str | Path, inputs: Sequence[str | Path] = ()) -> Path:
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_writable(target: Path, directory: Path) -> None:
+    """Whether a file can be made in ``directory``, tried (a probe made and removed): the
+    permission bits do not say it for root, nor for a read-only file system."""
+    try:
+        handle, probe = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
+    except OSError as exc:
+        raise TunerError(
+            f"{target}: cannot write in the folder {str(directory)!r}: {exc.strerror}"
+        ) from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 def _same(source: _Identity, target: _Identity) -> bool:

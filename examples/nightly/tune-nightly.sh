@@ -35,8 +35,11 @@ else
     trap 'interrupted=1; if [[ -n $child ]]; then kill -INT "$child" 2>/dev/null || true; fi' \
         TERM INT
     set -m
-    tune nightly --study "$study" --trace "$trace" --report-dir "$report_dir" \
-        --log-dir "${TUNE_LOG_DIR:-/var/lib/tune/logs}/$study" "$@" &
+    # The server logs of a real engine's trials: only where a folder is given (the simulator
+    # starts no server, and refuses --log-dir).
+    logs=()
+    [[ -z ${TUNE_LOG_DIR:-} ]] || logs=(--log-dir "$TUNE_LOG_DIR/$study")
+    tune nightly --study "$study" --trace "$trace" --report-dir "$report_dir" "${logs[@]}" "$@" &
     child=$!
     rc=0
     [[ -n $interrupted ]] || wait "$child" || rc=$?

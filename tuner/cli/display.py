@@ -365,11 +365,12 @@ def render_sim_result(trace: Trace, result: SimResult, profile_note: str = "") -
         "requests",
         f"{metrics.requests:,} ({metrics.completed:,} completed, {metrics.failed:,} failed)",
     )
-    table.add_row(
-        "duration",
-        f"{metrics.duration_s:,.1f} s simulated; {metrics.request_throughput:.2f} req/s, "
-        f"{metrics.output_throughput:,.0f} output tok/s",
+    rates = (
+        f"{metrics.request_throughput:.2f} req/s, {metrics.output_throughput:,.0f} output tok/s"
+        if metrics.completed
+        else "no request completed: no rate, no latency (why: failed, below)"
     )
+    table.add_row("duration", f"{metrics.duration_s:,.1f} s simulated; {rates}")
     if result.max_concurrency is not None:
         waits = [wait for wait in result.client_waits(trace) if wait > 0]
         held = (
@@ -392,7 +393,8 @@ def render_sim_result(trace: Trace, result: SimResult, profile_note: str = "") -
         ("mean", "p50", "p90", "p99", "max"),
         lambda seconds: f"{seconds * 1000:,.1f}",
     )
-    table.add_row("latency", latency)
+    if metrics.completed:
+        table.add_row("latency", latency)
     for name, own in metrics.by_class.items():  # what per-class SLOs would judge
         table.add_row(
             escape(f"class {name}"),

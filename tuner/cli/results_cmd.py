@@ -20,6 +20,8 @@ from prefill_tuner.study.saturation import stored_saturation
 from prefill_tuner.study.summary import export, require_finished, summarize_stored
 
 EXPORT_FORMATS = ("shell", "yaml", "json")
+STDOUT = Path("-")
+"""``-o -``: standard output, as ``tune trace convert`` writes it."""
 
 
 def pareto_command(
@@ -48,12 +50,15 @@ def export_command(
     study_name: StudyOpt = None,
     storage: StorageOpt = defaults.STORAGE,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
+        Path | None,
+        typer.Option("--output", "-o", help="Write here instead of stdout ('-': stdout)."),
     ] = None,
 ) -> None:
     """Export a study's recommended settings (and Pareto alternatives) for deployment."""
     if format not in EXPORT_FORMATS:
         raise TunerError(f"--format: expected shell, yaml or json, got {format!r}")
+    if output == STDOUT:
+        output = None
     store, name = open_stored(study_name, storage, output)
     summary = require_finished(summarize_stored(store, name))
     if summary.recommended is None:

@@ -218,9 +218,16 @@ def default_study_name(trace: Path, objective_mode: str) -> str:
 def search_space_for(engine: TrialEngine, spec: SpaceSpec) -> SearchSpace:
     """The search space for this engine; a setting it cannot take fails here, before any
     work."""
+    fixed = engine.validate_fixed(dict(spec.fixed))
     overrides = load_space_file(spec.space_file) if spec.space_file else {}
+    if overrides:  # its own errors name the file, and the knob as the file writes it
+        try:
+            build_space(engine.capabilities, overrides, fixed)
+        except TunerError as exc:
+            message = str(exc).removeprefix("`ranges` ").removeprefix("`ranges`: ")
+            raise TunerError(f"{spec.space_file}: {message}") from None
     overrides.update(spec.ranges)
-    return build_space(engine.capabilities, overrides, engine.validate_fixed(dict(spec.fixed)))
+    return build_space(engine.capabilities, overrides, fixed)
 
 
 def build_plan(

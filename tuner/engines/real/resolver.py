@@ -147,7 +147,13 @@ class VllmResolver:
         if self._stderr is not None:
             self._stderr.seek(0)
             text = self._stderr.read()
-        return f"exited with code {process.returncode}: {error_line(text) or 'no output'}"
+        said = error_line(text) or "no output"
+        if "No module named 'vllm'" in said:  # the tuner's own Python, most often
+            said += (
+                "; give the Python that has vLLM as `vllm_python` (e.g. "
+                ".venv-vllm/bin/python), or install vLLM beside the tuner"
+            )
+        return f"exited with code {process.returncode}: {said}"
 
 
 def _read_lines(stream: IO[str] | None, answers: queue.Queue[str | None]) -> None:

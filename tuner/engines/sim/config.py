@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.errors import TunerError
@@ -78,6 +78,27 @@ class SimConfig(BaseModel):
     @property
     def usable_blocks(self) -> int:
         return self.num_gpu_blocks - 1
+
+
+SIM_FIELDS = create_model(
+    "SimFields",
+    __config__=ConfigDict(extra="forbid"),
+    **{name: (field.annotation, field) for name, field in SimConfig.model_fields.items()},  # type: ignore[call-overload]
+)
+"""SimConfig's fields without its rules between them (those are checked once repaired)."""
+
+
+def check_engine_defaults(profile: StepModel, source: str) -> None:
+    """A profile's ``engine_defaults``, each a setting the simulated engine takes with a
+    value it takes; a one-line error naming ``source`` (the profile's file) and the field as
+    the profile spells it, not as a flag (the user wrote it in the profile)."""
+    try:
+        SIM_FIELDS.model_validate(profile.engine_defaults)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise TunerError(f"{source}: field 'engine_defaults.{where}': {message}") from None
 
 
 def resolve_config(

@@ -91,9 +91,12 @@ class ProfileSpec:
         context when ``None``). Built profiles are cached for the process."""
         self.check()
         if not self.builds:
+            from prefill_tuner.engines.sim.config import check_engine_defaults
             from prefill_tuner.engines.sim.cost_model import load_profile
 
-            return load_profile(self.profile or defaults.PROFILE)
+            loaded = load_profile(self.profile or defaults.PROFILE)
+            check_engine_defaults(loaded, self.profile or defaults.PROFILE)
+            return loaded
         return self.build(model, max_model_len)
 
     def build(

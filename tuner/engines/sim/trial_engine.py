@@ -9,10 +9,10 @@ import json
 import weakref
 from typing import Any
 
-from pydantic import ConfigDict, ValidationError, create_model
+from pydantic import ValidationError
 
 from prefill_tuner.engines.base import EngineRun
-from prefill_tuner.engines.sim.config import SimConfig, resolve_config
+from prefill_tuner.engines.sim.config import SIM_FIELDS, SimConfig, resolve_config
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.loop import SIMULATOR_VERSION, SimResult, simulate
 from prefill_tuner.engines.sim.replicas import simulate_replicas
@@ -22,14 +22,6 @@ from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.rules import effective_settings
 from prefill_tuner.search_spaces.space import EngineCapabilities
 from prefill_tuner.trace.model import Trace
-
-_SIM_FIELDS = create_model(
-    "SimFields",
-    __config__=ConfigDict(extra="forbid"),
-    **{name: (field.annotation, field) for name, field in SimConfig.model_fields.items()},  # type: ignore[call-overload]
-)
-"""SimConfig's fields without its rules between them (those are checked once repaired)."""
-
 
 KEPT_RUNS = 256
 """Runs a simulator engine remembers (each a summary: metrics and details, a few KB)."""
@@ -102,7 +94,7 @@ class SimEngine:
         model reads them (``enable_chunked_prefill=0``: ``False``)."""
         self.base_settings(fixed)
         try:
-            fields = _SIM_FIELDS.model_validate(fixed)
+            fields = SIM_FIELDS.model_validate(fixed)
         except ValidationError as exc:
             first = exc.errors()[0]
             name = str(first["loc"][0])
