@@ -99,7 +99,9 @@ def vllm_run(
 def test_three_real_trials(tune, workspace: Path) -> None:
     """Screened, as a real server is best tuned: the baseline, then two settings the
     simulator (fitted to the baseline's step log) found Pareto-optimal."""
-    code, out, err = vllm_run(tune, workspace, 3, "--server-arg", KV_BYTES, "--screen", "12")
+    code, out, err = vllm_run(
+        tune, workspace, 3, "--server-arg", KV_BYTES, "--screen", "12", "--explain"
+    )
     assert code == 0, err
     assert "vllm serve " in out and "Pareto-optimal" in out
     assert "screening skipped" not in err, err
