@@ -14,6 +14,7 @@ from typing import Any, Literal
 from prefill_tuner import defaults
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
+from prefill_tuner.names import SAFE_NAME, check_name
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.objectives.scoring import Objective, latency_objectives
 from prefill_tuner.objectives.slo import Slo, parse_slos
@@ -28,9 +29,8 @@ from prefill_tuner.trace.classes import check_slo_classes, class_counts
 from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.shaping import ShapeOptions
 
-STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-"""A study name: it becomes part of file and folder names (logs, nightly reports), so only
-letters, digits, ``.``, ``_`` and ``-``, not starting with a dot or dash (no ``..``, no ``/``)."""
+STUDY_NAME = SAFE_NAME
+"""A study name: it becomes part of file and folder names (logs, nightly reports)."""
 
 MAX_HEADROOM = 64.0
 """The largest load margin :attr:`StudyPlan.headroom` takes (the capacity search's bound)."""
@@ -193,12 +193,7 @@ class SpaceSpec:
 
 def check_study_name(name: str, option: str = "`name`") -> str:
     """``name``, if it is a safe study name (:data:`STUDY_NAME`); a one-line error if not."""
-    if not STUDY_NAME.fullmatch(name):
-        raise TunerError(
-            f"{option} {name!r}: a study name is 1-100 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return name
+    return check_name(name, "study", option)
 
 
 SCREEN_SUFFIX = "-screen"

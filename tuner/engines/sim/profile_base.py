@@ -9,14 +9,13 @@ while the cost model's union of profile kinds imports it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-from prefill_tuner.errors import TunerError
+from prefill_tuner.names import check_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,18 +78,12 @@ MAX_KV_BYTES_PER_TOKEN = 1e9
 """The most KV-cache bytes a token may take: a thousand times the largest model's."""
 MAX_BYTES = 2**50
 """The most bytes a profile's memory plan may hold (a pebibyte)."""
-PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
-"""A name given to a profile: it names the simulator in every study's engine version."""
 
 
 def check_profile_name(name: str, option: str = "`name`") -> str:
-    """``name``, if it is a profile name (:data:`PROFILE_NAME`); a one-line error if not."""
-    if not PROFILE_NAME.fullmatch(name):
-        raise TunerError(
-            f"{option} {name!r}: a profile name is 1-100 letters, digits, '.', '_', '+' or "
-            "'-', starting with a letter or digit"
-        )
-    return name
+    """``name``, if it is a safe name for a profile (it names the simulator in every study's
+    engine version); a one-line error if not."""
+    return check_name(name, "profile", option)
 
 
 class Provenance(BaseModel):
