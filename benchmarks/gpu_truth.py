@@ -1,0 +1,161 @@
+"""How close is the simulator to real vLLM runs on GPUs (issue 42)?
+
+    .venv/bin/python benchmarks/gpu_truth.py [--truth FILE] [--per-slot N] [--worst K] [--smoke]
+
+Each row of ``../shared/gpu-truth/dense_qwen3-32b_h100.csv`` (NVIDIA AIConfigurator 0.12's
+accuracy sample: one vLLM server benchmarked by a closed-loop load generator at ``batch_size``
+requests in flight, every request ``isl`` prompt and ``osl`` output tokens; mean TTFT and mean
+TPOT measured) is replayed on the simulator as ``tune simulate --max-concurrency BATCH`` would:
+a profile built from the shipped kernel tables for the row's model (its ``config.json`` in
+``models/``), GPU, TP and dtype, vLLM's defaults otherwise (asynchronous scheduling, as on a
+GPU), ``--per-slot`` requests per slot (10: the load generator's count is not recorded), all of
+them ready at the start, as a load generator sends them. Nothing is fitted to the rows.
+
+Prints each row's simulated and measured means and the error ``simulated / measured − 1``,
+then the median and 90th percentile of ``|error|`` for TTFT and TPOT, overall and by TP, and
+the worst rows. ``--smoke``: three rows, fewer requests (the suite runs that, so the script
+does not rot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prefill_tuner.engines.sim.config import resolve_config
+from prefill_tuner.engines.sim.hardware import ProfileSpec
+from prefill_tuner.engines.sim.loop import simulate
+from prefill_tuner.trace.model import Request, Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+TRUTH = ROOT.parent / "shared" / "gpu-truth" / "dense_qwen3-32b_h100.csv"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One real run."""
+
+    model: str
+    gpu: str
+    dtype: str
+    tp: int
+    isl: int
+    osl: int
+    batch: int
+    ttft_ms: float
+    tpot_ms: float
+
+    def label(self) -> str:
+        return f"tp{self.tp} {self.dtype} {self.isl}/{self.osl} c={self.batch}"
+
+
+@dataclass(frozen=True)
+class Compared:
+    row: Row
+    ttft_ms: float
+    tpot_ms: float
+
+    @property
+    def ttft_error(self) -> float:
+        return self.ttft_ms / self.row.ttft_ms - 1
+
+    @property
+    def tpot_error(self) -> float:
+        return self.tpot_ms / self.row.tpot_ms - 1
+
+
+def read_rows(path: Path) -> list[Row]:
+    with path.open(newline="") as stream:
+        return [
+            Row(
+                model=line["model_path"],
+                gpu=line["system"],
+                dtype=line["precision"],
+                tp=int(line["tp_size"]),
+                isl=int(line["isl"]),
+                osl=int(line["osl"]),
+                batch=int(line["batch_size"]),
+                ttft_ms=float(line["silicon_ttft_ms"]),
+                tpot_ms=float(line["silicon_tpot_ms"]),
+            )
+            for line in csv.DictReader(stream)
+        ]
+
+
+def replay(
+    row: Row, models: Path, per_slot: int, front_end: dict[str, float] | None = None
+) -> Compared:
+    """The row's workload on the simulator: its means, in milliseconds. ``front_end``: the
+    profile's front-end terms replaced (``request_latency_ms``, ``request_interval_ms``), to
+    see what they move."""
+    config_file = models / f"{row.model.replace('/', '--')}.json"
+    spec = ProfileSpec(model_config=str(config_file), gpu=row.gpu, tp=row.tp, dtype=row.dtype)  # type: ignore[arg-type]
+    profile = spec.step_model(row.model, row.isl + row.osl)
+    if front_end:
+        profile = profile.model_copy(update=front_end)
+    config = resolve_config(profile, {})
+    count = row.batch * per_slot
+    requests = tuple(
+        Request(id=str(i), arrival_s=0.0, prompt_tokens=row.isl, output_tokens=row.osl)
+        for i in range(count)
+    )
+    metrics = simulate(Trace(requests), config, profile, max_concurrency=row.batch).metrics
+    return Compared(row, 1000 * metrics.ttft_s["mean"], 1000 * metrics.tpot_s["mean"])
+
+
+def _stats(errors: list[float]) -> str:
+    absolute = np.abs(errors)
+    return f"median {np.median(absolute):.1%}, p90 {np.percentile(absolute, 90):.1%}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--truth", type=Path, default=TRUTH)
+    parser.add_argument("--per-slot", type=int, default=10)
+    parser.add_argument("--worst", type=int, default=8)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--front-end",
+        metavar="LATENCY_MS,INTERVAL_MS",
+        help="replace the profiles' front-end terms (an experiment: what they move)",
+    )
+    args = parser.parse_args()
+    if not args.truth.is_file():
+        parser.error(f"{args.truth}: no such file (the shared GPU runs sit beside the repository)")
+    rows = read_rows(args.truth)
+    if args.smoke:
+        rows, args.per_slot = rows[:3], 2
+    front_end = None
+    if args.front_end:
+        latency, interval = (float(part) for part in args.front_end.split(","))
+        front_end = {"request_latency_ms": latency, "request_interval_ms": interval}
+    models = args.truth.parent / "models"
+    compared = [replay(row, models, args.per_slot, front_end) for row in rows]
+    print("| run | TTFT sim / real ms | error | TPOT sim / real ms | error |")
+    print("|---|---|---|---|---|")
+    for c in compared:
+        print(
+            f"| {c.row.label()} | {c.ttft_ms:.1f} / {c.row.ttft_ms:.1f} | {c.ttft_error:+.0%} "
+            f"| {c.tpot_ms:.2f} / {c.row.tpot_ms:.2f} | {c.tpot_error:+.0%} |"
+        )
+    print()
+    print(f"TTFT |error|: {_stats([c.ttft_error for c in compared])} ({len(compared)} runs)")
+    print(f"TPOT |error|: {_stats([c.tpot_error for c in compared])}")
+    for tp in sorted({c.row.tp for c in compared}):
+        part = [c for c in compared if c.row.tp == tp]
+        print(
+            f"  tp{tp} ({len(part)} runs): TTFT {_stats([c.ttft_error for c in part])}; "
+            f"TPOT {_stats([c.tpot_error for c in part])}"
+        )
+    worst = sorted(compared, key=lambda c: -abs(c.ttft_error))[: args.worst]
+    print("worst TTFT: " + "; ".join(f"{c.row.label()} {c.ttft_error:+.0%}" for c in worst))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
