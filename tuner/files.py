@@ -95,11 +95,6 @@ def declare_inputs(paths: Iterable[str | Path]) -> None:
     _INPUTS.set(known + tuple(_identity(path) for path in paths))
 
 
-def declared_inputs() -> list[str]:
-    """The resolved paths of the inputs recorded so far in this command."""
-    return [path for path, _ in _INPUTS.get() or ()]
-
-
 def _identity(path: str | Path) -> _Identity:
     resolved = os.path.realpath(path)
     try:

@@ -23,6 +23,7 @@ from prefill_tuner.objectives.slo import parse_slos
 from prefill_tuner.search_spaces.space import Dropped, KnobRange, SearchSpace, knob_availability
 from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.study.plan import StudyPlan
+from prefill_tuner.study.summary import trace_location
 from prefill_tuner.trace import ShapeOptions, load_trace
 
 DEFINITION_VERSION = 1
@@ -108,7 +109,7 @@ def plan_from_record(
             f"study {name!r} was shaped for max_model_len {shaping.max_model_len}; this worker's "
             f"engine runs with {max_model_len} (use the study's `profile` or server options)"
         )
-    path = trace_path or record.trace_path
+    path = trace_path or str(trace_location(record))  # the sample, wherever installed
     _check_trace(path, record)
     trace = load_trace(
         path, record.trace_format or None, sort=bool(definition["sort"]), options=shaping
