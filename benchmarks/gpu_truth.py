@@ -4,12 +4,13 @@
 
 Each row of ``shared/gpu-truth/dense_qwen3-32b_h100.csv`` beside the checkout (NVIDIA
 AIConfigurator 0.12's accuracy sample: one vLLM server benchmarked by a closed-loop load
-generator at ``batch_size`` requests in flight, every request ``isl`` prompt and ``osl``
-output tokens; mean TTFT and mean TPOT measured) is replayed on the simulator as ``tune simulate --max-concurrency BATCH`` would:
-a profile built from the shipped kernel tables for the row's model (its ``config.json`` in
-``models/``), GPU, TP and dtype, vLLM's defaults otherwise (asynchronous scheduling, as on a
-GPU), ``--per-slot`` requests per slot (10: the load generator's count is not recorded), all of
-them ready at the start, as a load generator sends them. Nothing is fitted to the rows.
+generator at ``batch_size`` requests in flight, every request ``isl`` prompt and ``osl`` output
+tokens; mean TTFT and mean TPOT measured) is replayed on the simulator as ``tune simulate
+--max-concurrency BATCH`` would: a profile built from the shipped kernel tables for the row's
+model (its ``config.json`` in ``models/``), GPU, TP and dtype, vLLM's defaults otherwise
+(asynchronous scheduling, as on a GPU), ``--per-slot`` requests per slot (10: the load
+generator's count is not recorded), all of them ready at the start, as a load generator sends
+them. Nothing is fitted to the rows.
 
 Prints each row's simulated and measured means and the error ``simulated / measured − 1``,
 then the median and 90th percentile of ``|error|`` for TTFT and TPOT, overall and by TP, and
