@@ -8,8 +8,10 @@ designed workload (``tune calibrate``'s), then replays, at each concurrency ``c`
 per-slot`` fixed-length requests all ready at the start, as ``vllm bench serve
 --max-concurrency c`` sends them; the simulator replays the same with the calibrated profile.
 Per ``c``: the per-request TTFT distribution (mean, p50, p90, p99) real against simulated,
-and how much the requests of the first wave spread (the spread of their first tokens, and how
-many distinct first-token times they have: 1 is a lockstep wave).
+and how much the requests of the first wave spread: the spread of their first tokens, how many
+distinct first-token times they have (1 is a lockstep wave), and in how many steps the wave
+was admitted, from the server's step log and the simulator's steps (a wave admitted in one
+step whose first tokens still spread was spread on the way out).
 
 The client and the server share this machine's cores; run it on a quiet machine.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -28,7 +31,7 @@ import numpy as np
 from prefill_tuner.calibration.observations import calibrate_on_server
 from prefill_tuner.engines.real.cpu_recipe import CPU_SERVER_ARGS, write_tiny_model
 from prefill_tuner.engines.real.engine import VllmEngine
-from prefill_tuner.engines.sim import simulate
+from prefill_tuner.engines.sim import StepRecord, simulate
 from prefill_tuner.engines.sim.config import resolve_config
 from prefill_tuner.objectives.metrics import RequestRecord
 from prefill_tuner.trace.model import Request, Trace
@@ -51,6 +54,17 @@ def _describe(records: list[RequestRecord], wave: int) -> dict[str, Any]:
         "wave_spread_ms": float(first.max() - first.min()),
         "wave_distinct": len({round(t, 1) for t in first}),
     }
+
+
+def _admission_steps(prefills: list[int]) -> int:
+    """The steps that prefilled before the first step that only decoded: how many groups the
+    first wave was admitted in (1: all of it in one step)."""
+    steps = 0
+    for prefilling in prefills:
+        if not prefilling:
+            break
+        steps += 1
+    return steps
 
 
 def main() -> int:
@@ -92,14 +106,23 @@ def main() -> int:
                     print(f"| {c} | failed: {run.failure} | | |")
                     continue
                 config = resolve_config(profile, settings)  # as the real server ran
-                simulated = simulate(trace, config, profile, max_concurrency=c)
+                sim_steps: list[StepRecord] = []
+                simulated = simulate(
+                    trace, config, profile, max_concurrency=c, on_step=sim_steps.append
+                )
+                sim_prefills = [step.prefill_tokens for step in sim_steps]
                 real, sim = _describe(run.records, c), _describe(simulated.records, c)
+                logged = Path(run.details["server_steps"]["trace"]).read_text().splitlines()
+                real_prefills = [json.loads(line)["prefill_requests"] for line in logged]
+                real["admitted_in"] = _admission_steps(real_prefills)
+                sim["admitted_in"] = _admission_steps(sim_prefills)
                 print(
                     f"| {c} | {real['mean']:.0f} / {real['p50']:.0f} / {real['p90']:.0f} / "
                     f"{real['p99']:.0f} | {sim['mean']:.0f} / {sim['p50']:.0f} / "
                     f"{sim['p90']:.0f} / {sim['p99']:.0f} | spread {real['wave_spread_ms']:.0f}"
                     f" ms, {real['wave_distinct']} times / {sim['wave_spread_ms']:.0f} ms, "
-                    f"{sim['wave_distinct']} times |"
+                    f"{sim['wave_distinct']} times; admitted in {real['admitted_in']} / "
+                    f"{sim['admitted_in']} steps |"
                 )
     return 0
 
