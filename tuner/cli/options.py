@@ -96,6 +96,8 @@ SampledTraceOpt = Annotated[
 """A trace to tune on, the bundled sample (``defaults.SAMPLE_TRACE``) when none is given."""
 MAX_SEED = 2**32 - 1
 """Seeds go to numpy and Optuna, which take 0..2**32-1."""
+STDOUT = Path("-")
+"""An output given as ``-``: standard output (export, report, trace convert and synth)."""
 MovedTraceOpt = Annotated[
     Path | None,
     typer.Option(

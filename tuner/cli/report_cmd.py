@@ -10,7 +10,7 @@ import typer
 
 from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import error_console
-from prefill_tuner.cli.options import MovedTraceOpt, StorageOpt, StudyOpt
+from prefill_tuner.cli.options import STDOUT, MovedTraceOpt, StorageOpt, StudyOpt
 from prefill_tuner.cli.stored import open_stored
 from prefill_tuner.output.html import render_report, write_report
 from prefill_tuner.stopping import stop_signals
@@ -32,7 +32,7 @@ def report_command(
 ) -> None:
     """Write a study's report: one HTML file that works offline, with the plots that explain
     its recommendation."""
-    to_stdout = output == Path("-")
+    to_stdout = output == STDOUT
     store, name = open_stored(study_name, storage, None if to_stdout else output, trace)
     err = error_console()
     if to_stdout:

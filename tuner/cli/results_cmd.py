@@ -10,7 +10,7 @@ import typer
 
 from prefill_tuner import defaults, exit_codes
 from prefill_tuner.cli.display import error_console, output_console, print_document
-from prefill_tuner.cli.options import JsonOpt, StorageOpt, StudyOpt
+from prefill_tuner.cli.options import STDOUT, JsonOpt, StorageOpt, StudyOpt
 from prefill_tuner.cli.stored import open_stored
 from prefill_tuner.cli.tables import AllOpt, ExplainOpt, render_next, render_summary
 from prefill_tuner.errors import TunerError
@@ -20,8 +20,6 @@ from prefill_tuner.study.saturation import stored_saturation
 from prefill_tuner.study.summary import export, require_finished, summarize_stored
 
 EXPORT_FORMATS = ("shell", "yaml", "json")
-STDOUT = Path("-")
-"""``-o -``: standard output, as ``tune trace convert`` writes it."""
 
 
 def pareto_command(

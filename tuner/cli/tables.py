@@ -130,8 +130,8 @@ def _serve(trial: TrialRecord) -> Text:
 
 
 def _outside_notes(trial: TrialRecord) -> list[str]:
-    """A recommended baseline's settings outside the searched space: its serve line holds
-    values no other trial could, said beside it."""
+    """A baseline's settings outside the searched space (a recommended one's serve line holds
+    values no other trial could: said beside it)."""
     return [note for note in trial.repairs or () if note.startswith(BASELINE_OUTSIDE)]
 
 
@@ -183,11 +183,7 @@ def explanation(summary: StudySummary) -> list[str]:
         f"objective {study.objective_mode}"
     ]
     if summary.baseline is not None:
-        lines += [
-            f"note: {note}"
-            for note in summary.baseline.repairs or ()
-            if note.startswith(BASELINE_OUTSIDE)
-        ]
+        lines += [f"note: {note}" for note in _outside_notes(summary.baseline)]
     if summary.cut_short:
         lines.append(
             f"early abort: {summary.cut_short} trials cut short once their SLOs were "

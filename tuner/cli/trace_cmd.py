@@ -11,6 +11,7 @@ import typer
 from prefill_tuner.cli.display import error_console, json_safe, output_console, render_stats
 from prefill_tuner.cli.options import (
     MAX_SEED,
+    STDOUT,
     TRACE_WITH_LENGTH,
     JsonOpt,
     TraceChoice,
@@ -72,7 +73,7 @@ def convert_command(
     reading: TraceChoice,
 ) -> None:
     """Write a trace in the native format (Mooncake-style JSONL), shaped as asked."""
-    if str(target) != "-":
+    if target != STDOUT:
         check_output(target, [source])  # before the work: never over the source
     trace = load_trace(str(source), reading.format, sort=reading.sort, options=reading.shaping)
     write_native(trace.requests, target, [source])
@@ -82,7 +83,7 @@ def convert_command(
 def _report(trace: Trace, target: Path) -> None:
     """Say what was written, and every adjustment, on stderr (stdout may hold the trace)."""
     err = error_console()
-    where = "standard output" if str(target) == "-" else str(target)
+    where = "standard output" if target == STDOUT else str(target)
     err.print(f"wrote {len(trace):,} requests to {where}", markup=False, soft_wrap=True)
     for note in trace.adjustments:
         err.print(f"note: {note}", markup=False, soft_wrap=True)
@@ -138,7 +139,7 @@ def synth_command(
     if arrivals not in ("poisson", "gamma", "uniform"):
         raise TunerError(f"--arrivals: expected poisson, gamma or uniform, got {arrivals!r}")
     kind = cast(Arrivals, arrivals)  # one of its values: checked on the line above
-    if str(target) != "-":
+    if target != STDOUT:
         check_output(target)
     trace = synthesize(
         parse_mix(mix),
