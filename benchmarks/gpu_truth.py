@@ -7,10 +7,11 @@ AIConfigurator 0.12's accuracy sample: one vLLM server benchmarked by a closed-l
 generator at ``batch_size`` requests in flight, every request ``isl`` prompt and ``osl`` output
 tokens; mean TTFT and mean TPOT measured) is replayed on the simulator as ``tune simulate
 --max-concurrency BATCH`` would: a profile built from the shipped kernel tables for the row's
-model (its ``config.json`` in ``models/``), GPU, TP and dtype, vLLM's defaults otherwise
-(asynchronous scheduling, as on a GPU), ``--per-slot`` requests per slot (10: the load
-generator's count is not recorded), all of them ready at the start, as a load generator sends
-them. Nothing is fitted to the rows.
+model (its ``config.json`` in ``models/``), GPU, TP and dtype, the defaults of the row's vLLM
+release otherwise (the runs' vLLM 0.12 scheduled synchronously: asynchronous scheduling is
+vLLM's default from 0.14.0, ``async_scheduling_default``), ``--per-slot`` requests per slot
+(10: the load generator's count is not recorded), all of them ready at the start, as a load
+generator sends them. Nothing is fitted to the rows.
 
 Prints each row's simulated and measured means and the error ``simulated / measured − 1``,
 then the median and 90th percentile of ``|error|`` for TTFT and TPOT, overall and by TP, and
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prefill_tuner.engines.sim.config import resolve_config
+from prefill_tuner.engines.sim.config import async_scheduling_default, resolve_config
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.engines.sim.loop import simulate
 from prefill_tuner.trace.model import Request, Trace
@@ -45,6 +46,8 @@ class Row:
     gpu: str
     dtype: str
     tp: int
+    vllm: str
+    """The vLLM release the run used."""
     isl: int
     osl: int
     batch: int
@@ -78,6 +81,7 @@ def read_rows(path: Path) -> list[Row]:
                 gpu=line["system"],
                 dtype=line["precision"],
                 tp=int(line["tp_size"]),
+                vllm=line["backend_version"],
                 isl=int(line["isl"]),
                 osl=int(line["osl"]),
                 batch=int(line["batch_size"]),
@@ -99,7 +103,7 @@ def replay(
     profile = spec.step_model(row.model, row.isl + row.osl)
     if front_end:
         profile = profile.model_copy(update=front_end)
-    config = resolve_config(profile, {})
+    config = resolve_config(profile, {"async_scheduling": async_scheduling_default(row.vllm)})
     count = row.batch * per_slot
     requests = tuple(
         Request(id=str(i), arrival_s=0.0, prompt_tokens=row.isl, output_tokens=row.osl)

@@ -9,6 +9,7 @@ carries it, whatever else is known of the engine (docs/vllm-facts.md, "Knobs by 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -106,3 +107,17 @@ KNOBS: dict[str, Knob] = {
         ),
     )
 }
+
+
+def release(version: str) -> tuple[int, int, int] | None:
+    """``(0, 32, 0)`` for a vLLM version (``0.32.0``, ``v0.27.0rc1``, ``0.26.1.dev3+gabc``,
+    ``0.32``); ``None`` when the text holds none. A pre-release counts as its release (the
+    cautious side: a 0.27.0 release candidate already lacks what 0.27.0 removed)."""
+    match = _RELEASE.search(version)
+    if match is None:
+        return None
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+_RELEASE = re.compile(r"(?<![\d.])v?(\d+)\.(\d+)(?:\.(\d+))?")

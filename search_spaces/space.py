@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import why_unreadable
-from prefill_tuner.search_spaces.knobs import KNOBS, Knob
+from prefill_tuner.search_spaces.knobs import KNOBS, Knob, release
 from prefill_tuner.yaml_input import read_yaml
 
 THRESHOLD_SUFFIX = "_log2"
@@ -263,20 +262,6 @@ def baseline_outside_note(outside: Mapping[str, Any]) -> str:
 
 def _log2_floor(value: int) -> int:
     return max(1, value).bit_length() - 1
-
-
-def release(version: str) -> tuple[int, int, int] | None:
-    """``(0, 32, 0)`` for a vLLM version (``0.32.0``, ``v0.27.0rc1``, ``0.26.1.dev3+gabc``,
-    ``0.32``); ``None`` when the text holds none. A pre-release counts as its release (the
-    cautious side: a 0.27.0 release candidate already lacks what 0.27.0 removed)."""
-    match = _RELEASE.search(version)
-    if match is None:
-        return None
-    major, minor, patch = match.groups()
-    return int(major), int(minor), int(patch or 0)
-
-
-_RELEASE = re.compile(r"(?<![\d.])v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 def knob_removed(knob: Knob, capabilities: EngineCapabilities) -> str | None:

@@ -583,7 +583,9 @@ SPACE = OptionGroup(
                 _option(
                     "--async-scheduling/--no-async-scheduling",
                     "Schedule the next step while one runs (vLLM's flag; default: as the "
-                    "engine resolves it, on for GPU profiles, off on CPU). Not searched.",
+                    "engine resolves it, on for GPU profiles as vLLM 0.14 and later does, off "
+                    "on CPU; give --no-async-scheduling to simulate vLLM 0.13 or older on a "
+                    "GPU). Not searched.",
                     SPACE_PANEL,
                 ),
             ],

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.errors import TunerError
+from prefill_tuner.search_spaces.knobs import release
 from prefill_tuner.search_spaces.rules import first_broken
 
 MAX_GPU_BLOCKS = 2**24
@@ -50,9 +51,10 @@ class SimConfig(BaseModel):
     enable_prefix_caching: bool = True
     """Reuse the KV blocks of identical full prompt blocks across requests."""
     async_scheduling: bool = True
-    """Schedule the next step while the current one runs (vLLM's default on GPU; vLLM turns
-    it off on CPU): a finished request frees its slot and KV blocks one step later, and the
-    host's scheduling time hides behind the step in flight."""
+    """Schedule the next step while the current one runs (vLLM's default on GPU since 0.14.0,
+    :func:`async_scheduling_default`; vLLM turns it off on CPU): a finished request frees its
+    slot and KV blocks one step later, and the host's scheduling time hides behind the step
+    in flight."""
 
     @model_validator(mode="after")
     def _mirror_vllm_validation(self) -> SimConfig:
@@ -78,6 +80,19 @@ class SimConfig(BaseModel):
     @property
     def usable_blocks(self) -> int:
         return self.num_gpu_blocks - 1
+
+
+ASYNC_SCHEDULING_SINCE = (0, 14, 0)
+"""The first vLLM release that schedules asynchronously by default on GPU: its
+``SchedulerConfig.async_scheduling`` defaults to ``None``, which ``VllmConfig`` resolves to on
+unless an option forbids it. Up to 0.13 it defaulted to ``False`` (``docs/vllm-facts.md``)."""
+
+
+def async_scheduling_default(vllm_version: str) -> bool:
+    """Whether a vLLM release of ``vllm_version`` (``0.12.0``) schedules asynchronously on GPU
+    when not told: from 0.14.0 on. A version that cannot be read counts as a current one."""
+    running = release(vllm_version)
+    return running is None or running >= ASYNC_SCHEDULING_SINCE
 
 
 SIM_FIELDS = create_model(
