@@ -4,9 +4,19 @@ the client after its tokens are sampled."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from prefill_tuner.engines.sim import SimConfig, StepRecord, load_profile, simulate
 from prefill_tuner.engines.sim.config import async_scheduling_default
+from prefill_tuner.engines.sim.cost_model import profile_from_record
+from prefill_tuner.engines.sim.replicas import simulate_replicas
+from prefill_tuner.engines.sim.trial_engine import profile_words
+from prefill_tuner.errors import TunerError
+from prefill_tuner.objectives.metrics import RequestRecord
+from prefill_tuner.trace import ShapeOptions, load_trace
+from prefill_tuner.trace.model import Request, Trace
+from tests.conftest import AZURE
 
 
 @pytest.mark.parametrize(
@@ -26,3 +36,149 @@ def test_vllm_schedules_asynchronously_by_default_from_0_14(
     """vLLM 0.12 and 0.13 defaulted ``async_scheduling`` to False; 0.14.0 made it None,
     resolved to on (read in the three wheels: docs/vllm-facts.md)."""
     assert async_scheduling_default(version) is asynchronous
+
+
+# The request path: the way in (the API server's front end) and the way back (its streaming).
+
+H100 = load_profile("llama-3.1-8b-h100")
+PATH = {
+    "request_latency_ms": 2.0,
+    "request_interval_ms": 1.5,
+    "request_token_us": 3.0,
+    "response_latency_ms": 1.0,
+    "response_output_us": 400.0,
+}
+"""A request path with every term set (each a plausible API server's)."""
+WITH_PATH = H100.model_copy(update=PATH)
+
+
+def config(async_scheduling: bool, **values: object) -> SimConfig:
+    return SimConfig(**{**H100.engine_defaults, **values, "async_scheduling": async_scheduling})
+
+
+def wave(count: int, prompt: int = 1024, output: int = 64) -> Trace:
+    """``count`` identical requests, all ready at the start (a load generator's first wave)."""
+    return Trace(tuple(Request(f"r{i}", 0.0, prompt, output) for i in range(count)))
+
+
+def records_of(records: list[RequestRecord]) -> list[tuple[str, float, list[float]]]:
+    return [(r.id, r.sent_s, list(r.token_times_s)) for r in records]
+
+
+@pytest.mark.parametrize("limit", [None, 4, 16])
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_fast_forward_is_exact_with_a_request_path(
+    async_scheduling: bool, limit: int | None
+) -> None:
+    """Where a request stands among its last step's outputs is counted one way for a step
+    applied alone and another for a fast-forwarded run: both give the same reads, and a
+    closed-loop client resends at the same ticks."""
+    trace = load_trace(str(AZURE), options=ShapeOptions(max_requests=250))
+    runs = [
+        simulate(
+            trace,
+            config(async_scheduling),
+            WITH_PATH,
+            fast_forward=fast,
+            max_concurrency=limit,
+        )
+        for fast in (True, False)
+    ]
+    assert records_of(runs[0].records) == records_of(runs[1].records)
+    assert runs[0].steps == runs[1].steps
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_one_replica_with_a_request_path_is_the_single_engine(async_scheduling: bool) -> None:
+    """The router frees a slot when the client reads a last token, as the single engine's
+    client does."""
+    trace = load_trace(str(AZURE), options=ShapeOptions(max_requests=150))
+    for limit in (None, 3):
+        single = simulate(trace, config(async_scheduling), WITH_PATH, max_concurrency=limit)
+        one = simulate_replicas(
+            trace,
+            config(async_scheduling),
+            WITH_PATH,
+            replicas=1,
+            router="round-robin",
+            max_concurrency=limit,
+        )
+        assert records_of(one.result.records) == records_of(single.records)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_a_steps_outputs_reach_their_clients_one_after_another(async_scheduling: bool) -> None:
+    """Eight prompts prefilled in one step: their first tokens are read the path's latency
+    after the step's end, each ``response_output`` after the one before (the API server
+    streams them in the step's order); no path, all at the step's end."""
+    profile = H100.model_copy(update={"response_latency_ms": 1.0, "response_output_us": 500.0})
+    plain = simulate(wave(8), config(async_scheduling), H100)
+    firsts = [r.token_times_s[0] for r in plain.records]
+    assert len(set(firsts)) == 1  # one lockstep wave: the engine's view
+    read = simulate(wave(8), config(async_scheduling), profile)
+    expected = [firsts[0] + 0.001 + 0.0005 * position for position in range(8)]
+    assert [r.token_times_s[0] for r in read.records] == pytest.approx(expected, abs=1e-9)
+    for before, after in zip(plain.records, read.records, strict=True):
+        times = np.asarray(after.token_times_s)
+        assert np.all(np.diff(times) >= 0)  # read in order
+        # TPOT runs from the first token to the last: moved by the places they were read in
+        first = after.token_times_s[0] - before.token_times_s[0]
+        last = after.token_times_s[-1] - before.token_times_s[-1]
+        assert min(first, last) >= 0.001 - 1e-9 and max(first, last) <= 0.001 + 0.0035 + 1e-9
+
+
+def test_a_closed_loop_resends_a_wave_one_request_at_a_time() -> None:
+    """Four requests finishing on one step free their slots as their clients read their last
+    tokens, one after another: the next four are sent ``response_output`` apart, not at one
+    tick (the lockstep wave the engine's view alone would replay)."""
+    profile = H100.model_copy(update={"response_output_us": 700.0})
+    run = simulate(wave(8), config(False), profile, max_concurrency=4)
+    second = sorted(r.sent_s for r in run.records[4:])
+    gaps = np.diff(second)
+    assert gaps == pytest.approx([0.0007] * 3, abs=1e-9)
+    lockstep = simulate(wave(8), config(False), H100, max_concurrency=4)
+    assert len({r.sent_s for r in lockstep.records[4:]}) == 1
+
+
+def test_the_front_end_tokenises_a_prompt_before_the_next_request() -> None:
+    """The scheduler sees a request ``request_latency`` after its send plus its prompt's
+    tokenising, and the request behind it no sooner than ``request_interval`` later plus its
+    own: a long prompt holds up a short one sent just after it."""
+    profile = H100.model_copy(
+        update={"request_latency_ms": 2.0, "request_interval_ms": 1.0, "request_token_us": 10.0}
+    )
+    trace = Trace((Request("long", 0.0, 8000, 4), Request("short", 0.0001, 10, 4)))
+    steps: list[StepRecord] = []
+    simulate(trace, config(False), profile, on_step=steps.append)
+    long_seen = 0.002 + 8000 * 10e-6  # 82 ms
+    assert steps[0].start_s == pytest.approx(long_seen)
+    assert list(steps[0].scheduled) == ["long"]
+    short_seen = long_seen + 0.001 + 10 * 10e-6
+    # the short one joins the first step that starts after it reached the scheduler
+    joined = next(step for step in steps if "short" in step.scheduled)
+    before = steps[steps.index(joined) - 1]
+    assert before.start_s < short_seen <= joined.start_s
+
+
+def test_a_profile_without_the_new_terms_keeps_its_record() -> None:
+    """The terms added for the way back and the prompt's tokenising are left out of a
+    profile's record while 0: a study's engine version, which names its profile by content,
+    is the same as before they existed."""
+    record = H100.model_dump(mode="json")
+    assert "request_latency_ms" in record
+    assert not {"request_token_us", "response_latency_ms", "response_output_us"} & set(record)
+    assert profile_words(H100) == "llama-3.1-8b-h100 (sha256 196894871e95)"
+    assert {"response_output_us": 400.0}.items() <= WITH_PATH.model_dump(mode="json").items()
+
+
+@pytest.mark.parametrize(
+    ("term", "value"),
+    [
+        ("response_output_us", -1.0),
+        ("response_latency_ms", float("inf")),
+        ("request_token_us", 1e300),
+    ],
+)
+def test_a_request_path_term_is_finite_and_bounded(term: str, value: float) -> None:
+    with pytest.raises(TunerError, match=term):
+        profile_from_record({**H100.model_dump(mode="json"), term: value})

@@ -15,9 +15,9 @@ Three kinds of profile, all plain YAML or JSON files a user can supply:
                + decode_squared × decode tokens² + decode_context × KV tokens decodes read
                + request × requests + host + host_request × requests
 
-    A request reaches the scheduler ``request_latency`` after its send, and no sooner than
-    ``request_interval`` after the one before it (the front end handles requests one at a
-    time: a burst reaches the engine spread out).
+    Fitted and kernel profiles also carry a request's life outside the steps
+    (:class:`~prefill_tuner.engines.sim.profile_base.RequestPath`): the front end before the
+    engine sees a request, and the way its tokens take back to the client.
 ``kernels``
     The sum of the kernels vLLM runs for the step's composition, each from measured timings
     (NVIDIA AIConfigurator's vLLM kernel tables) at the model's tensor-parallel shard, plus
@@ -49,6 +49,7 @@ from prefill_tuner.engines.sim.kernels.profile import KernelProfile
 from prefill_tuner.engines.sim.profile_base import (
     MAX_KV_BYTES_PER_TOKEN,
     MAX_PART_MS,
+    RequestPath,
 )
 from prefill_tuner.engines.sim.profile_base import Provenance as Provenance
 from prefill_tuner.engines.sim.profile_base import StepShape as StepShape
@@ -76,6 +77,10 @@ class ConstantProfile(BaseModel):
 
     request_latency_s: ClassVar[float] = 0.0
     request_interval_s: ClassVar[float] = 0.0
+    request_token_s: ClassVar[float] = 0.0
+    response_latency_s: ClassVar[float] = 0.0
+    response_output_s: ClassVar[float] = 0.0
+    """A constant profile's request path is empty (:class:`RequestPath`)."""
     serve_args: ClassVar[tuple[str, ...]] = ()
     """The ``vllm serve`` flags of the machine a profile stands for (none: not known)."""
 
@@ -151,7 +156,7 @@ def step_features(shape: StepShape) -> tuple[int, ...]:
     )
 
 
-class FittedProfile(BaseModel):
+class FittedProfile(RequestPath):
     """Step time linear in what the step computes, fitted to a real engine (module docs)."""
 
     model_config = ConfigDict(
@@ -184,11 +189,6 @@ class FittedProfile(BaseModel):
     the front end (fitted to the gaps between the log's step lines)."""
     host_request_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
     """Of that host time, per scheduled request."""
-    request_latency_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
-    """From a request's send to the scheduler seeing it (HTTP, tokenisation, the front end;
-    fitted to the replay's TTFTs)."""
-    request_interval_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
-    """Least time between two requests reaching the scheduler (fitted to bursts' TTFTs)."""
     kv_bytes_per_token: float | None = Field(default=None, gt=0, le=MAX_KV_BYTES_PER_TOKEN)
     """KV cache bytes per token, when known (sizes the pool for ``--kv-cache-memory-bytes``)."""
     engine_defaults: dict[str, int | float | bool] = Field(default_factory=dict)
@@ -198,14 +198,6 @@ class FittedProfile(BaseModel):
 
     serve_args: ClassVar[tuple[str, ...]] = ()
     """The server calibrated ran with its own flags, which serve lines keep as given."""
-
-    @property
-    def request_latency_s(self) -> float:
-        return self.request_latency_ms / 1000.0
-
-    @property
-    def request_interval_s(self) -> float:
-        return self.request_interval_ms / 1000.0
 
     def host_seconds(self, requests: int) -> float:
         """The host's share of a step of ``requests`` requests (``host_ms``,

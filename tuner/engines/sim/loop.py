@@ -36,6 +36,7 @@ import numpy as np
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.cost_model import StepModel, StepShape
 from prefill_tuner.engines.sim.request import SimRequest, Status, request_templates
+from prefill_tuner.engines.sim.request_path import ServerPath, read_times
 from prefill_tuner.engines.sim.scheduler import Scheduler, SteadyRun, StepPlan
 from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics, summarize_run
 from prefill_tuner.trace.model import Trace
@@ -179,7 +180,7 @@ def simulate(
         loop = _Loop(config, profile, accepted, on_step, fast_forward)
     else:
         loop = _Loop(config, profile, [], on_step, fast_forward)
-        client = ClosedLoop(requests, max_concurrency, loop.add)
+        client = ClosedLoop(requests, max_concurrency, loop.add, loop.path)
         loop.on_finish = client.release
         client.fill(0)
     for _ in loop.steps():  # no horizon: it never pauses
@@ -188,7 +189,7 @@ def simulate(
         for request in requests:
             if request.status not in (Status.FINISHED, Status.REJECTED):
                 errors[request.index] = "stalled: " + loop.stalled
-    records = request_records(requests, errors)
+    records = request_records(requests, errors, loop.path)
     return SimResult(
         config=config,
         profile=profile.name,
@@ -227,13 +228,16 @@ def prepare_requests(
     return requests, accepted, errors
 
 
-def request_records(requests: list[SimRequest], errors: dict[int, str]) -> list[RequestRecord]:
-    """What each request experienced, in trace order."""
+def request_records(
+    requests: list[SimRequest], errors: dict[int, str], path: ServerPath
+) -> list[RequestRecord]:
+    """What each request experienced, in trace order: its tokens when its client read them
+    (``path``)."""
     return [
         RequestRecord(
             id=r.id,
             sent_s=r.sent_s,
-            token_times_s=r.token_times,
+            token_times_s=read_times(r, path),
             expected_tokens=r.max_tokens,
             error=errors.get(r.index),
             preemptions=r.preemptions,
@@ -251,19 +255,28 @@ class ClosedLoop:
 
     A request the engine rejects (longer than ``max_model_len``) is answered at once: it waits
     for its turn like any other, and frees its slot as it takes it.
+
+    A request's slot frees when the client reads its last token (``path``: after the step
+    that sampled it, and after the outputs the API server streamed before it), so the requests
+    of one step are sent again one after another, not together.
     """
 
     def __init__(
-        self, requests: list[SimRequest], limit: int, send: Callable[[SimRequest, int], None]
+        self,
+        requests: list[SimRequest],
+        limit: int,
+        send: Callable[[SimRequest, int], None],
+        path: ServerPath,
     ) -> None:
         """``requests``: all of them, in arrival order; ``send`` hands one to the engine,
-        sent at the given tick."""
+        sent at the given tick; ``path``: the server's way back to the client."""
         if limit < 1:
             raise ValueError(f"max_concurrency must be at least 1, not {limit}")
         self.waiting = deque(requests)
         """Requests not sent yet, in arrival order."""
         self.limit = limit
         self.send = send
+        self.path = path
         self.in_flight = 0
         self.last_sent = 0
 
@@ -284,9 +297,15 @@ class ClosedLoop:
             self.send(request, sent)
 
     def release(self, finished: list[SimRequest], at: int) -> None:
-        """``finished`` delivered their last tokens at ``at`` (ticks): their slots free."""
-        self.in_flight -= len(finished)
-        self.fill(at)
+        """``finished`` had their last tokens sampled by the step that ended at ``at``
+        (ticks): each one's slot frees when its client reads that token."""
+        if not self.path.read_late:
+            self.in_flight -= len(finished)
+            self.fill(at)
+            return
+        for read in sorted(self.path.read_last(request, at) for request in finished):
+            self.in_flight -= 1
+            self.fill(read)
 
 
 MIN_RUN = 2
@@ -331,16 +350,17 @@ class _Loop:
         self.on_step = on_step
         self.fast_forward = fast_forward
         self.scheduler = Scheduler(config)
-        self.latency = _ns(profile.request_latency_s)
-        self.interval = _ns(profile.request_interval_s)
-        self.ready = _ready_times(accepted, self.latency, self.interval)
+        self.path = ServerPath.of(profile)
+        """The server's way in (when the scheduler sees a request) and way back."""
+        self.scheduler.track_positions = self.path.per_output > 0
+        self.ready = _ready_times(accepted, self.path)
         self.horizon: int | None = None
         """Set while requests may still be added (replicas behind a router): the next one
         reaches the router then. The loop pauses (its generator yields) before any decision
         that could depend on it, and treats it as an arrival it may not run past."""
         self.on_finish: Callable[[list[SimRequest], int], None] | None = None
         """Told of the requests each step (or decode run) finished, with the tick their last
-        token was delivered (a closed-loop client frees their slots then)."""
+        token was sampled (a closed-loop client frees their slots when it reads them)."""
         self.paused_at = 0
         """The clock when the loop last paused at its horizon."""
         self.idle = False
@@ -374,8 +394,9 @@ class _Loop:
         """A request sent at ``sent`` (ticks), at or after every one added before it."""
         self.idle = False
         self.accepted.append(request)
-        ready = sent + self.latency
-        self.ready.append(max(ready, self.ready[-1] + self.interval) if self.ready else ready)
+        self.ready.append(
+            self.path.ready(sent, request.prompt, self.ready[-1] if self.ready else None)
+        )
 
     def steps(self) -> Iterator[int]:
         """Run the loop; yields its clock whenever it reaches :attr:`horizon` (never when
@@ -853,14 +874,13 @@ def _ns(seconds: float) -> int:
     return round(seconds * NS)
 
 
-def _ready_times(requests: list[SimRequest], latency: int, interval: int) -> list[int]:
-    """When the scheduler sees each request: ``latency`` after its send, and ``interval``
-    after the one before at the soonest (the server's front end takes them one by one)."""
+def _ready_times(requests: list[SimRequest], path: ServerPath) -> list[int]:
+    """When the scheduler sees each request, sent at its arrival (:meth:`ServerPath.ready`:
+    the server's front end takes them one by one)."""
     ready: list[int] = []
     previous: int | None = None
     for request in requests:
-        arrival = _ns(request.arrival_s) + latency
-        previous = arrival if previous is None else max(arrival, previous + interval)
+        previous = path.ready(_ns(request.arrival_s), request.prompt, previous)
         ready.append(previous)
     return ready
 

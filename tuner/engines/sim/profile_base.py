@@ -13,7 +13,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from prefill_tuner.names import check_name
 
@@ -78,6 +84,77 @@ MAX_KV_BYTES_PER_TOKEN = 1e9
 """The most KV-cache bytes a token may take: a thousand times the largest model's."""
 MAX_BYTES = 2**50
 """The most bytes a profile's memory plan may hold (a pebibyte)."""
+
+
+class RequestPath(BaseModel):
+    """A request's life on the server outside the engine's steps, declared once for every
+    profile kind that can carry it (``docs/simulator.md``, "A request's life"): the way in
+    (the client's send, the API server's front end, the engine core seeing it at its next
+    ``schedule()``) and the way out (the engine core's output, the API server detokenising
+    and streaming each request's tokens one request at a time, the client reading them).
+
+    Every term is 0 until measured: ``tune calibrate`` fits them on a real server. The three
+    terms added with it are left out of a profile's record while they are 0, so that a
+    profile made before them keeps its record (and its digest in a study's engine version)."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True
+    )
+
+    request_latency_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
+    """From a request's send to the scheduler seeing it when the front end is free: the
+    client, HTTP, validation, handing it to the engine core (0 until calibrated)."""
+    request_interval_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
+    """Least time between two requests reaching the scheduler: the front end's work on each,
+    done one request at a time (0 until calibrated)."""
+    request_token_us: float = Field(default=0.0, ge=0, le=MAX_PART_MS * 1000)
+    """Per prompt token, the front end's work on a request (tokenising the prompt, copying it
+    to the engine core): it delays the request, and the next one behind it (0 until
+    calibrated)."""
+    response_latency_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
+    """From the end of the step that sampled a token to the client reading it: the engine
+    core's output, the API server's handling of the step's first output, the stream to the
+    client (0 until calibrated)."""
+    response_output_us: float = Field(default=0.0, ge=0, le=MAX_PART_MS * 1000)
+    """Per output the API server handles before a request's in the same step (detokenising
+    and streaming one request's token): the step's outputs reach their clients one after
+    another (0 until calibrated)."""
+
+    @model_serializer(mode="wrap")
+    def _without_unset_path_terms(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in _LATER_PATH_TERMS:
+                if name in data and not data[name]:
+                    del data[name]
+        return data
+
+    @property
+    def request_latency_s(self) -> float:
+        return self.request_latency_ms / 1000.0
+
+    @property
+    def request_interval_s(self) -> float:
+        return self.request_interval_ms / 1000.0
+
+    @property
+    def request_token_s(self) -> float:
+        return self.request_token_us / 1e6
+
+    @property
+    def response_latency_s(self) -> float:
+        return self.response_latency_ms / 1000.0
+
+    @property
+    def response_output_s(self) -> float:
+        return self.response_output_us / 1e6
+
+
+_LATER_PATH_TERMS = ("request_token_us", "response_latency_ms", "response_output_us")
+"""The :class:`RequestPath` terms a record leaves out while they are 0."""
+
+PATH_TERMS = ("request_latency_ms", "request_interval_ms", *_LATER_PATH_TERMS)
+"""Every :class:`RequestPath` term, in its order."""
 
 
 def check_profile_name(name: str, option: str = "`name`") -> str:

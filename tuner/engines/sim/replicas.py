@@ -109,7 +109,7 @@ def simulate_replicas(
         for request in requests:
             if request.status not in (Status.FINISHED, Status.REJECTED):
                 errors[request.index] = "stalled: " + stalled
-    records = request_records(requests, errors)
+    records = request_records(requests, errors, driver.path)
     result = SimResult(
         config=config,
         profile=profile.name,
@@ -157,6 +157,8 @@ class _Replicas:
         limit: int | None,
     ) -> None:
         self.loops = [_Loop(config, profile, [], None, True) for _ in range(replicas)]
+        self.path = self.loops[0].path
+        """The replicas' way back to the client (one profile: the same path for each)."""
         self.runs: list[Iterator[int] | None] = [loop.steps() for loop in self.loops]
         self.router = router
         self.limit = limit
@@ -179,11 +181,12 @@ class _Replicas:
                 loop.on_finish = functools.partial(self._finished, index)
 
     def _finished(self, replica: int, finished: list[SimRequest], at: int) -> None:
-        for _ in finished:
-            heapq.heappush(self.frees, at)
+        reads = [self.path.read_last(request, at) for request in finished]
+        for read in reads:
+            heapq.heappush(self.frees, read)
         loop = self.loops[replica]
         if self.seeking and loop.horizon is not None:
-            loop.horizon = min(loop.horizon, at)  # it pauses there: a slot frees then
+            loop.horizon = min(loop.horizon, *reads)  # it pauses there: a slot frees then
 
     def send_all(self, requests: list[SimRequest]) -> None:
         """Send every request in arrival order, each when the client may (its arrival, or
@@ -216,7 +219,8 @@ class _Replicas:
             retired, heap = loop.scheduler.retired, self.returning[index]
             if retired:
                 for finished in retired:
-                    heapq.heappush(heap, _ns(finished.token_times[-1]))
+                    sampled = _ns(finished.token_times[-1])
+                    heapq.heappush(heap, self.path.read_last(finished, sampled))
                 retired.clear()
             while heap and heap[0] <= now:
                 heapq.heappop(heap)

@@ -66,6 +66,7 @@ class RequestTemplate:
     __slots__ = (
         "arrival_s",
         "chain",
+        "first_position",
         "id",
         "max_tokens",
         "prompt",
@@ -133,10 +134,12 @@ class SimRequest:
         "arrival_s",
         "blocks",
         "chain",
+        "first_position",
         "id",
         "in_flight",
         "index",
         "keys",
+        "last_position",
         "max_tokens",
         "num_cached_blocks",
         "num_computed",
@@ -190,7 +193,13 @@ class SimRequest:
         is preempted and may look it up itself)."""
         self.preemptions = 0
         self.token_times = array("d")
-        """When each output token was delivered (8 bytes a token: a long trace has millions)."""
+        """When each output token was sampled: the end of its step (8 bytes a token: a long
+        trace has millions). Its client reads it later (:mod:`.request_path`)."""
+        self.first_position = 0
+        """Of the outputs of the step that sampled its first token, how many came before its
+        own (the API server handles them in order)."""
+        self.last_position = 0
+        """The same for its last token."""
         self.trace_block_size = template.trace_block_size
         self.chain = template.chain
         """The request's prefix chain ids (:class:`PrefixInterner`; shared with its template,

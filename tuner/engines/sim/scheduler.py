@@ -148,6 +148,11 @@ class Scheduler:
         self.retired: list[SimRequest] | None = None
         """When a list: every request that finishes is appended to it (a router in front of
         replicas reads them; see ``replicas.py``)."""
+        self.track_positions = False
+        """Whether a fast-forwarded run notes where each request that finishes in it stands
+        among its last step's outputs (``SimRequest.last_position``; a step applied alone
+        always notes it): read only when the API server's time per output is known
+        (:mod:`.request_path`)."""
         self.peak_running = 0
         """The most requests running at once: while it stays below ``max_num_seqs``, that
         limit has refused no admission (it is read nowhere else), so any larger limit than
@@ -485,9 +490,14 @@ class Scheduler:
         """Step → the requests whose last output is applied before it is scheduled (the run's
         length: after its last step)."""
         staying: list[tuple[SimRequest, int]] = []
-        for request, last in zip(run.decodes, run.lasts, strict=True):
+        lasts = run.lasts
+        for index, (request, last) in enumerate(zip(run.decodes, lasts, strict=True)):
+            if not request.num_output:  # async: the step in flight before the run sampled
+                request.first_position = index  # its first token, and all the run's decodes'
             if last + lag <= steps:  # its last token's output lands inside the run
                 freeing.setdefault(last + lag, []).append(request)
+                if self.track_positions:  # the decodes before it still in its last step
+                    request.last_position = sum(1 for other in lasts[:index] if other >= last)
             else:
                 staying.append((request, min(last, steps)))
         finished = self._take_blocks(run, steps, freeing, times, changes)
@@ -639,17 +649,22 @@ class Scheduler:
         free their blocks. Returns the finished requests."""
         finished: list[SimRequest] = []
         max_model_len = self.config.max_model_len
+        position = 0  # of the step's outputs (a request with a new token has one), in order
         if not self.config.async_scheduling:
             for (request, _), sample in zip(plan.scheduled, plan.samples, strict=True):
                 if sample:
                     request.num_output += 1  # (num_tokens counts the output too)
                     request.num_tokens += 1
                     request.token_times.append(end_s)
+                    if request.num_output == 1:
+                        request.first_position = position
                     if (
                         request.num_output >= request.max_tokens
                         or request.num_tokens >= max_model_len
                     ):
+                        request.last_position = position
                         finished.append(request)
+                    position += 1
             if finished:
                 self._retire(finished)
             return finished
@@ -669,6 +684,9 @@ class Scheduler:
             request.num_output += 1  # a stale token is delivered all the same
             request.num_tokens += 1
             request.token_times.append(end_s)
+            if request.num_output == 1:
+                request.first_position = position
+            position += 1
             if not stale:
                 request.placeholders -= 1
             if (
@@ -679,6 +697,7 @@ class Scheduler:
             ):
                 self.kv.cache_full_blocks(request, known)
             if request.num_output >= request.max_tokens or request.num_tokens >= max_model_len:
+                request.last_position = position - 1
                 finished.append(request)
         if finished:
             self._retire(finished)

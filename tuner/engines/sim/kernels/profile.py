@@ -42,6 +42,7 @@ from prefill_tuner.engines.sim.profile_base import (
     MAX_KV_BYTES_PER_TOKEN,
     MAX_PART_MS,
     Provenance,
+    RequestPath,
     StepShape,
 )
 
@@ -139,7 +140,7 @@ class MemoryPlan(BaseModel):
     """What is left for the KV cache."""
 
 
-class KernelProfile(BaseModel):
+class KernelProfile(RequestPath):
     """Step time as the sum of vLLM's measured kernels (module docs)."""
 
     model_config = ConfigDict(
@@ -195,10 +196,6 @@ class KernelProfile(BaseModel):
     engine adds it; async scheduling runs it while the previous step computes)."""
     host_request_us: float = Field(default=5.0, ge=0, le=MAX_PART_MS * 1000)
     """Host time per scheduled request."""
-    request_latency_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
-    """From a request's send to the scheduler seeing it (the front end; 0 until calibrated)."""
-    request_interval_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
-    """Least time between two requests reaching the scheduler (0 until calibrated)."""
     kv_bytes_per_token: float = Field(gt=0, le=MAX_KV_BYTES_PER_TOKEN)
     """KV cache bytes per token on one GPU: 2 × layers × max(1, KV heads / tp) × head_dim ×
     the KV dtype's bytes."""
@@ -225,14 +222,6 @@ class KernelProfile(BaseModel):
         return self
 
     # --- the simulator's interface ------------------------------------------------------
-
-    @property
-    def request_latency_s(self) -> float:
-        return self.request_latency_ms / 1000.0
-
-    @property
-    def request_interval_s(self) -> float:
-        return self.request_interval_ms / 1000.0
 
     @property
     def serve_args(self) -> tuple[str, ...]:
