@@ -67,6 +67,13 @@ def _admission_steps(prefills: list[int]) -> int:
     return steps
 
 
+def _together(prefills: list[int]) -> str:
+    """How many requests began (or went on with) their prefill together, over the steps that
+    prefilled: the mean, and the most (a lockstep wave: all of a wave's requests in one)."""
+    counts = [count for count in prefills if count]
+    return f"{np.mean(counts):.1f} (max {max(counts)})" if counts else "-"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-python", required=True)
@@ -90,6 +97,10 @@ def main() -> int:
             calibration = calibrate_on_server(engine, settings, model=str(model), name="cpu")
             profile = calibration.profile
             print(f"calibrated: {profile.provenance.summary()}")
+            print(
+                f"request path: {profile.request_latency_ms:.2f} ms in, "
+                f"{profile.response_output_us:.0f} µs per output ahead on the way back"
+            )
             print(
                 "| c | TTFT ms real: mean / p50 / p90 / p99 | simulated | first wave real / sim |"
             )
@@ -116,6 +127,11 @@ def main() -> int:
                 real_prefills = [json.loads(line)["prefill_requests"] for line in logged]
                 real["admitted_in"] = _admission_steps(real_prefills)
                 sim["admitted_in"] = _admission_steps(sim_prefills)
+                sim_requests = [len(step.scheduled) - step.decode_tokens for step in sim_steps]
+                print(
+                    f"  c={c}: requests prefilling per prefill step, real / simulated: "
+                    f"{_together(real_prefills)} / {_together(sim_requests)}"
+                )
                 print(
                     f"| {c} | {real['mean']:.0f} / {real['p50']:.0f} / {real['p90']:.0f} / "
                     f"{real['p99']:.0f} | {sim['mean']:.0f} / {sim['p50']:.0f} / "

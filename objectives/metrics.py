@@ -7,7 +7,8 @@ alone turns records into TTFT, TPOT, ITL and E2E statistics:
 - TTFT: sent → first token. E2E latency: sent → last token.
 - TPOT per request: (E2E − TTFT) / (output tokens − 1); undefined for one-token outputs,
   which are left out (and counted).
-- ITL: every gap between consecutive tokens, pooled over requests.
+- ITL: every gap between consecutive streamed chunks, pooled over requests (tokens that
+  arrived together, in one chunk, make no gap: ``vllm bench serve`` times chunks).
 - A request is *completed* when it produced every expected token without error; anything
   else is *failed* and counts against the SLOs (docs/metrics.md).
 """
@@ -121,6 +122,8 @@ def _summarize(records: Sequence[RequestRecord]) -> RunMetrics:
             times[kept : kept + count - 1] = times[first : first + count - 1]
             kept += count - 1
     gaps = times[:kept]
+    if kept and not gaps.all():  # tokens of one chunk: one arrival, no gap between them
+        gaps = gaps[gaps > 0]
     reasons: dict[str, int] = {}
     for record in records:
         if not record.completed:

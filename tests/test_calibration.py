@@ -17,7 +17,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefill_tuner.calibration.calibrate import Observed, calibrate, fit_frontend, scheduling_of
+from prefill_tuner.calibration.calibrate import (
+    Observed,
+    calibrate,
+    fit_frontend,
+    scheduling_of,
+    streaming_bound_us,
+)
 from prefill_tuner.calibration.fit import fit_steps
 from prefill_tuner.calibration.reconstruct import rebuild_steps
 from prefill_tuner.calibration.workload import profiling_trace
@@ -184,6 +190,42 @@ def test_the_front_end_fit_finds_the_latency() -> None:
     assert fitted.request_latency_ms == pytest.approx(12.0, abs=0.5)
     assert fitted.request_interval_ms == 0
     assert error < 0.01
+
+
+def test_the_front_end_fit_finds_the_way_back() -> None:
+    """A server whose front end streams a step's outputs 300 µs apart (and takes 4 ms on the
+    way in): the fit finds both from the replay's TTFTs, which spread within each burst."""
+    truth = TRUE.model_copy(update={"request_latency_ms": 4.0, "response_output_us": 300.0})
+    trace = profiling_trace(max_model_len=2048, max_num_seqs=64)
+    config = SimConfig(
+        async_scheduling=False, max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=2048
+    )
+    real = simulate(trace, config, truth)
+    observed = Observed(trace=trace, steps=[], config=config, records=real.records)
+    fitted, error = fit_frontend(TRUE, [observed])
+    assert fitted.response_output_us == pytest.approx(300.0, rel=0.05)
+    assert fitted.request_latency_ms == pytest.approx(4.0, abs=0.5)
+    assert error < 0.02
+
+
+def test_the_way_back_is_no_slower_than_the_server_streamed() -> None:
+    """A server that decoded 16 requests in 8 ms steps streamed each output in at most 500 µs:
+    a burst's TTFTs that spread more are not put on the way back."""
+    steps = [
+        {"duration_s": 0.008, "prefill_requests": 0, "decode_requests": 16},
+        {"duration_s": 0.008, "prefill_requests": 0, "decode_requests": 16},
+        {"duration_s": 0.030, "prefill_requests": 2, "decode_requests": 14},  # not decode-only
+    ]
+    truth = TRUE.model_copy(update={"response_output_us": 2000.0})
+    trace = profiling_trace(max_model_len=2048, max_num_seqs=64)
+    config = SimConfig(
+        async_scheduling=False, max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=2048
+    )
+    real = simulate(trace, config, truth)
+    observed = Observed(trace=trace, steps=steps, config=config, records=real.records)
+    assert streaming_bound_us([observed]) == pytest.approx(500.0)
+    fitted, _ = fit_frontend(TRUE, [observed])
+    assert 0 < fitted.response_output_us <= 500.0
 
 
 def test_a_front_end_spreads_a_burst_and_delays_first_tokens() -> None:

@@ -29,6 +29,18 @@ def test_definitions_match_vllm_bench() -> None:
     assert metrics.request_throughput == pytest.approx(1.5)
 
 
+def test_itl_times_chunks_as_vllm_bench_does() -> None:
+    """``vllm bench serve`` records one ITL per streamed chunk: two tokens that arrived in one
+    chunk (one arrival time) add no gap of 0, and TPOT still counts tokens."""
+    records = [
+        RequestRecord("a", sent_s=0.0, token_times_s=[0.5, 0.6, 0.6, 0.9], expected_tokens=4),
+        RequestRecord("b", sent_s=0.0, token_times_s=[0.2, 0.2], expected_tokens=2),
+    ]
+    metrics = summarize_run(records)
+    assert metrics.itl_s["max"] == pytest.approx(0.3)
+    assert metrics.itl_s["p50"] == pytest.approx(0.2)  # the gaps 0.1 and 0.3 (a); none (b)
+    assert metrics.tpot_s["mean"] == pytest.approx((0.4 / 3 + 0.0) / 2)
+
 def test_failed_and_unfinished_requests_count_against_the_run() -> None:
     records = [
         RequestRecord("ok", 0.0, [0.1, 0.2], 2),

@@ -149,6 +149,7 @@ def test_without_log_times_the_host_share_stays_estimated() -> None:
         "overhead_ms",
         "per_request_us",
         "request_latency_ms",
+        "response_output_us",
     ]
     assert profile.overhead_ms == pytest.approx(TERMS["overhead_ms"], abs=0.05)
 

@@ -59,8 +59,9 @@ DEVICE_TERMS = ("overhead_ms", "per_request_us")
 """Device time outside the kernels: per step (ms), per scheduled request (µs)."""
 HOST_TERMS = ("host_ms", "host_request_us")
 """Host time: per step (ms), per scheduled request (µs)."""
-FRONTEND_TERMS = ("request_latency_ms",)
-"""The front end's latency (``request_interval_ms`` stays: calibrate.fit_frontend says why)."""
+FRONTEND_TERMS = ("request_latency_ms", "response_output_us")
+"""The request path's latency and the way back's time per output (``request_interval_ms``
+stays: calibrate.fit_frontend says why)."""
 REFITTED_TERMS = DEVICE_TERMS + HOST_TERMS + FRONTEND_TERMS
 """Every term a refit may change (the host terms only where the log has line times)."""
 MIN_STEPS = 20

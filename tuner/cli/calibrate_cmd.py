@@ -341,6 +341,10 @@ def report_lines(calibration: Calibration | Refit, output: Path) -> list[str]:
             f"{profile.host_request_ms:.3f} ms a request"
         )
     lines.append(f"  front end: {profile.request_latency_ms:.1f} ms from a send to the scheduler")
+    lines.append(
+        f"  way back: {profile.response_output_us:.0f} µs per output the server streams "
+        "before a request's in its step"
+    )
     lines.append(f"  simulated TTFT vs real: median error {calibration.ttft_error:.0%}")
     return [*lines, *_replay_lines(calibration), f"use it: tune run --profile {output} …"]
 
@@ -389,6 +393,10 @@ def refit_lines(refit: Refit, output: Path) -> list[str]:
     lines.append(
         f"  front end: {given.request_latency_ms:.1f} → {profile.request_latency_ms:.1f} ms "
         "from a send to the scheduler"
+    )
+    lines.append(
+        f"  way back: {given.response_output_us:.0f} → {profile.response_output_us:.0f} µs per "
+        "output streamed before a request's"
     )
     lines.append(
         f"  simulated TTFT vs real: median error {refit.ttft_error_before:.0%} → "
