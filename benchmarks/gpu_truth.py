@@ -1,6 +1,7 @@
 """How close is the simulator to real vLLM runs on GPUs (issue 42)?
 
     .venv/bin/python benchmarks/gpu_truth.py [--truth FILE] [--per-slot N] [--worst K] [--smoke]
+        [--path TERM=VALUE,...] [--vary-lengths FRACTION]
 
 Each row of ``shared/gpu-truth/dense_qwen3-32b_h100.csv`` beside the checkout (NVIDIA
 AIConfigurator 0.12's accuracy sample: one vLLM server benchmarked by a closed-loop load
@@ -13,16 +14,24 @@ vLLM's default from 0.14.0, ``async_scheduling_default``), ``--per-slot`` reques
 (10: the load generator's count is not recorded), all of them ready at the start, as a load
 generator sends them. Nothing is fitted to the rows.
 
-Prints each row's simulated and measured means and the error ``simulated / measured − 1``,
-then the median and 90th percentile of ``|error|`` for TTFT and TPOT, overall and by TP, and
-the worst rows. ``--smoke``: three rows, fewer requests (the suite runs that, so the script
-does not rot).
+Prints each row's simulated and measured means, the error ``simulated / measured − 1``, and
+how many requests the simulation prefilled together per prefill step (a lockstep wave of the
+whole concurrency shows as its budget-bound group), then the median and 90th percentile of
+``|error|`` for TTFT and TPOT, overall, by TP and by prompt length, and the worst rows.
+``--path`` sets request-path terms of the profiles (``request_interval_ms=5,
+response_output_us=100``; ``docs/simulator.md``, "A request's life"): an experiment, to see
+what each moves; the shipped profiles have none (0 until calibrated on a server).
+``--vary-lengths 0.2`` draws each request's prompt and output lengths uniformly within ±20% of
+the row's (seeded): waves of identical requests no longer finish together, which shows what
+the simulator gives where they are broken entirely.
+``--smoke``: three rows, fewer requests (the suite runs that, so the script does not rot).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +41,7 @@ import numpy as np
 from prefill_tuner.engines.sim.config import async_scheduling_default, resolve_config
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.engines.sim.loop import simulate
+from prefill_tuner.engines.sim.profile_base import PATH_TERMS
 from prefill_tuner.trace.model import Request, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +73,8 @@ class Compared:
     row: Row
     ttft_ms: float
     tpot_ms: float
+    together: float
+    """Requests prefilling per prefill step, on average over the simulated steps that did."""
 
     @property
     def ttft_error(self) -> float:
@@ -93,24 +105,45 @@ def read_rows(path: Path) -> list[Row]:
 
 
 def replay(
-    row: Row, models: Path, per_slot: int, front_end: dict[str, float] | None = None
+    row: Row,
+    models: Path,
+    per_slot: int,
+    path: dict[str, float] | None = None,
+    vary: float = 0.0,
 ) -> Compared:
-    """The row's workload on the simulator: its means, in milliseconds. ``front_end``: the
-    profile's front-end terms replaced (``request_latency_ms``, ``request_interval_ms``), to
-    see what they move."""
+    """The row's workload on the simulator: its means, in milliseconds. ``path``: request-path
+    terms set on the profile, to see what they move."""
     config_file = models / f"{row.model.replace('/', '--')}.json"
     spec = ProfileSpec(model_config=str(config_file), gpu=row.gpu, tp=row.tp, dtype=row.dtype)  # type: ignore[arg-type]
-    profile = spec.step_model(row.model, row.isl + row.osl)
-    if front_end:
-        profile = profile.model_copy(update=front_end)
+    profile = spec.step_model(row.model, math.ceil((row.isl + row.osl) * (1 + vary)))
+    if path:
+        profile = profile.model_copy(update=path)
     config = resolve_config(profile, {"async_scheduling": async_scheduling_default(row.vllm)})
     count = row.batch * per_slot
+    rng = np.random.default_rng(0)
+
+    def length(tokens: int) -> int:
+        return int(rng.integers(int(tokens * (1 - vary)), int(tokens * (1 + vary)) + 1))
+
     requests = tuple(
-        Request(id=str(i), arrival_s=0.0, prompt_tokens=row.isl, output_tokens=row.osl)
+        Request(str(i), 0.0, prompt_tokens=length(row.isl), output_tokens=length(row.osl))
         for i in range(count)
     )
-    metrics = simulate(Trace(requests), config, profile, max_concurrency=row.batch).metrics
-    return Compared(row, 1000 * metrics.ttft_s["mean"], 1000 * metrics.tpot_s["mean"])
+    together: list[int] = []
+    result = simulate(
+        Trace(requests),
+        config,
+        profile,
+        max_concurrency=row.batch,
+        on_step=lambda step: together.append(len(step.scheduled) - step.decode_tokens),
+    )
+    metrics, prefilling = result.metrics, [count for count in together if count]
+    return Compared(
+        row,
+        1000 * metrics.ttft_s["mean"],
+        1000 * metrics.tpot_s["mean"],
+        float(np.mean(prefilling)) if prefilling else 0.0,
+    )
 
 
 def _stats(errors: list[float]) -> str:
@@ -125,28 +158,34 @@ def main() -> int:
     parser.add_argument("--worst", type=int, default=8)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument(
-        "--front-end",
-        metavar="LATENCY_MS,INTERVAL_MS",
-        help="replace the profiles' front-end terms (an experiment: what they move)",
+        "--path",
+        metavar="TERM=VALUE,...",
+        help="set request-path terms of the profiles (an experiment: what they move)",
     )
+    parser.add_argument("--vary-lengths", type=float, default=0.0, metavar="FRACTION")
     args = parser.parse_args()
+    if not 0 <= args.vary_lengths < 1:
+        parser.error("--vary-lengths: a fraction from 0 to under 1")
     if not args.truth.is_file():
         parser.error(f"{args.truth}: no such file (the shared GPU runs sit beside the repository)")
     rows = read_rows(args.truth)
     if args.smoke:
         rows, args.per_slot = rows[:3], 2
-    front_end = None
-    if args.front_end:
-        latency, interval = (float(part) for part in args.front_end.split(","))
-        front_end = {"request_latency_ms": latency, "request_interval_ms": interval}
+    path = None
+    if args.path:
+        terms = dict(part.split("=", 1) for part in args.path.split(","))
+        unknown = set(terms) - set(PATH_TERMS)
+        if unknown:
+            parser.error(f"--path: {', '.join(sorted(unknown))}: not one of {PATH_TERMS}")
+        path = {term: float(value) for term, value in terms.items()}
     models = args.truth.parent / "models"
-    compared = [replay(row, models, args.per_slot, front_end) for row in rows]
-    print("| run | TTFT sim / real ms | error | TPOT sim / real ms | error |")
-    print("|---|---|---|---|---|")
+    compared = [replay(row, models, args.per_slot, path, args.vary_lengths) for row in rows]
+    print("| run | TTFT sim / real ms | error | TPOT sim / real ms | error | together |")
+    print("|---|---|---|---|---|---|")
     for c in compared:
         print(
             f"| {c.row.label()} | {c.ttft_ms:.1f} / {c.row.ttft_ms:.1f} | {c.ttft_error:+.0%} "
-            f"| {c.tpot_ms:.2f} / {c.row.tpot_ms:.2f} | {c.tpot_error:+.0%} |"
+            f"| {c.tpot_ms:.2f} / {c.row.tpot_ms:.2f} | {c.tpot_error:+.0%} | {c.together:.1f} |"
         )
     print()
     print(f"TTFT |error|: {_stats([c.ttft_error for c in compared])} ({len(compared)} runs)")
@@ -156,6 +195,13 @@ def main() -> int:
         print(
             f"  tp{tp} ({len(part)} runs): TTFT {_stats([c.ttft_error for c in part])}; "
             f"TPOT {_stats([c.tpot_error for c in part])}"
+        )
+    for isl in sorted({c.row.isl for c in compared}):
+        part = [c for c in compared if c.row.isl == isl]
+        signed = np.median([c.ttft_error for c in part])
+        print(
+            f"  {isl}-token prompts ({len(part)} runs): TTFT {_stats([c.ttft_error for c in part])}"
+            f" (signed median {signed:+.0%}); TPOT {_stats([c.tpot_error for c in part])}"
         )
     worst = sorted(compared, key=lambda c: -abs(c.ttft_error))[: args.worst]
     print("worst TTFT: " + "; ".join(f"{c.row.label()} {c.ttft_error:+.0%}" for c in worst))
