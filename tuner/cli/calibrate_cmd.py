@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -15,6 +13,13 @@ import yaml
 
 from prefill_tuner import defaults
 from prefill_tuner.calibration.calibrate import Calibration
+from prefill_tuner.calibration.session import (
+    DESIGNED_SEQS,
+    calibrate_server,
+    calibrate_study,
+    designed_settings,
+    kernels_to_refit,
+)
 from prefill_tuner.cli.assignments import parse_assignments, parse_value
 from prefill_tuner.cli.display import error_console, json_safe, output_console
 from prefill_tuner.cli.options import (
@@ -38,10 +43,8 @@ from prefill_tuner.study.plan import check_study_name
 
 if TYPE_CHECKING:
     from prefill_tuner.calibration.refit import Refit
-    from prefill_tuner.engines.base import TrialEngine
-    from prefill_tuner.engines.sim.kernels import KernelProfile
 
-CALIBRATION_SEQS = 128
+CALIBRATION_SEQS = DESIGNED_SEQS
 """Largest decode batch of the designed workload unless ``--max-num-seqs`` says otherwise."""
 
 REFIT_HELP = (
@@ -150,7 +153,9 @@ def calibrate_command(
             raise TunerError("--from-study: give it alone; it starts no server (drop --engine)")
         if set_values:
             raise TunerError("--set: only with --engine vllm (--from-study starts no server)")
-        calibration = _from_study(from_study, storage, hardware, model, name, say)
+        calibration = calibrate_study(
+            storage, from_study, hardware=hardware, model=model, name=name, on_start=say
+        )
     else:
         if engine_name != "vllm":
             raise TunerError(
@@ -158,16 +163,21 @@ def calibrate_command(
                 "workload) or --from-study NAME (reuse a study's real trials)"
             )
         fixed = _fixed_settings(set_values)
-        base = _refitted(hardware, model, fixed.get("max_model_len"))  # before vLLM is probed
+        base = kernels_to_refit(hardware, model, fixed.get("max_model_len"))  # before vLLM
         trial_engine = build_engine(dataclasses.replace(engine, model=model))
         fixed = trial_engine.validate_fixed(fixed)  # vLLM's parser, before a server starts
-        settings = {**trial_engine.default_settings(), **fixed, "max_num_seqs": max_num_seqs}
-        if max_num_batched_tokens is not None:
-            settings["max_num_batched_tokens"] = max_num_batched_tokens
-        settings["max_num_batched_tokens"] = max(
-            settings.get("max_num_batched_tokens") or max_num_seqs, max_num_seqs
+        settings = designed_settings(
+            trial_engine.default_settings(), fixed, max_num_seqs, max_num_batched_tokens
         )
-        calibration = _on_server(trial_engine, settings, base, model, name, spacing, say)
+        calibration = calibrate_server(
+            trial_engine,
+            settings,
+            model=model,
+            base=base,
+            name=name,
+            spacing=spacing,
+            on_start=say,
+        )
     with atomic_text(output) as stream:
         if isinstance(calibration.profile, FittedProfile):
             yaml.safe_dump(
@@ -181,88 +191,6 @@ def calibrate_command(
         output_console().print(
             "\n".join(report_lines(calibration, output)), crop=False, markup=False
         )
-
-
-def _refitted(
-    hardware: ProfileSpec, model: str, max_model_len: int | None = None
-) -> KernelProfile | None:
-    """The kernels profile ``--profile`` (or ``--gpu`` ...) gives, to refit; ``None`` when none
-    is given (a profile is fitted from scratch)."""
-    if not hardware.given:
-        return None
-    from prefill_tuner.engines.sim.kernels import KernelProfile
-
-    profile = hardware.step_model(model, max_model_len)
-    if not isinstance(profile, KernelProfile):
-        raise TunerError(
-            f"--profile {hardware.profile}: a {profile.kind} profile; a refit keeps a kernels "
-            "profile's measured kernels and refits its time outside kernels (tune profile, or "
-            "--gpu, builds one); without --profile, tune calibrate fits a profile from scratch"
-        )
-    return profile
-
-
-def _refit_name(profile: KernelProfile) -> str:
-    return profile.name.removesuffix("-calibrated") + "-calibrated"
-
-
-def _from_study(
-    study: str,
-    storage: str,
-    hardware: ProfileSpec,
-    model: str,
-    name: str | None,
-    say: Callable[[str], None],
-) -> Calibration | Refit:
-    """A profile fitted (or a kernels profile refitted) to a study's real trials."""
-    from prefill_tuner.calibration.observations import calibrate_from_study, refit_from_study
-    from prefill_tuner.storage.store import TunerStore
-
-    store = TunerStore(storage, create=False)
-    record = store.get_study(study)  # calibrate_from_study says when there is none
-    model = record.model if record else model
-    base = _refitted(hardware, model)
-    if base is not None:
-        return refit_from_study(store, study, base, name=name or _refit_name(base), on_start=say)
-    return calibrate_from_study(store, study, name=name or profile_name(model), on_start=say)
-
-
-def _on_server(
-    engine: TrialEngine,
-    settings: dict[str, Any],
-    base: KernelProfile | None,
-    model: str,
-    name: str | None,
-    spacing: float,
-    say: Callable[[str], None],
-) -> Calibration | Refit:
-    """A profile fitted (or ``base`` refitted) to one server replaying the designed workload."""
-    from prefill_tuner.calibration.observations import calibrate_on_server, refit_on_server
-
-    if base is not None:
-        from prefill_tuner.calibration.refit import refuse_cpu
-
-        refuse_cpu(base, engine.version)  # before the server starts
-    what = f"refitting {base.name}'s time outside kernels to" if base else "calibrating"
-    say(
-        f"{what} {model} on {engine.version}: one server "
-        f"(budget {settings['max_num_batched_tokens']}, up to {settings['max_num_seqs']} "
-        f"sequences), the designed workload (about {60 * spacing:.0f} s)…"
-    )
-    if base is not None:
-        return refit_on_server(
-            engine, settings, base, model=model, name=name or _refit_name(base), spacing=spacing
-        )
-    return calibrate_on_server(
-        engine, settings, model=model, name=name or profile_name(model), spacing=spacing
-    )
-
-
-def profile_name(model: str) -> str:
-    """A calibrated profile's default name: the model's, as a file name may hold it."""
-    return "calibrated-" + (
-        re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model).name).strip("-") or "model"
-    )
 
 
 def _fixed_settings(assignments: list[str] | None) -> dict[str, Any]:
