@@ -355,6 +355,86 @@ def build_kernel_profile(
     tables = gpu_tables(gpu)
     system = tables.system
     notes = _Notes()
+    kv = _checked_request(tables, gpu, tp, dtype, kv_cache_dtype, gpu_memory_utilization)
+    heads, kv_heads, hd, mlp, vocab, vocab_shard = _shard(model, tp)
+
+    gemms = {
+        "qkv": _gemm(tables, dtype, "qkv", (heads + 2 * kv_heads) * hd, model.hidden, notes),
+        "o": _gemm(tables, dtype, "o", model.hidden, heads * hd, notes),
+        "gate_up": _gemm(tables, dtype, "gate_up", 2 * mlp, model.hidden, notes),
+        "down": _gemm(tables, dtype, "down", model.hidden, mlp, notes),
+    }
+    lm_head = _gemm(tables, "bf16", "lm_head", vocab_shard, model.hidden, notes)
+    m_axis = tables[f"gemm.{dtype}.m"]
+    if tables[f"gemm.{dtype}.m"].tolist() != tables["gemm.bf16.m"].tolist():
+        raise TunerError(f"{gpu}: the bf16 and {dtype} GEMM tables measure different token counts")
+    notes.extrapolated.append(
+        f"steps beyond {_n(m_axis[-1])} tokens (or requests): token-dependent kernel time "
+        "in proportion"
+    )
+    context = _context_curve(tables, kv, heads, kv_heads, hd, notes)
+    decode = _decode_grid(tables, kv, heads, kv_heads, hd, notes)
+    allreduce = _comm_curve(tables, "allreduce", tp) if tp > 1 else None
+    gather = _comm_curve(tables, "allgather", tp) if tp > 1 else None
+
+    memory_ops = _memory_ops(model, heads, kv_heads, hd, mlp, vocab)
+    bandwidth = system["mem_bw"] * system["mem_bw_empirical_scaling_factor"]
+
+    pool = _kv_pool(model, tables, gpu, tp, dtype, kv, gpu_memory_utilization, max_model_len)
+    provenance = _provenance(model, tables, gpu, tp, dtype, kv, pool, notes)
+    label = name or f"{_short_name(model.name)}-{gpu}-tp{tp}-{dtype}" + (
+        "-kv-fp8" if kv == "fp8" else ""
+    )
+    return KernelProfile(
+        name=label,
+        description=(
+            f"{model.name}, {dtype}, on {tp} × {gpu}: sum of measured vLLM kernel times "
+            f"(AIConfigurator vLLM {provenance.vllm_version} tables)"
+        ),
+        model=model.name,
+        gpu=gpu,
+        tp=tp,
+        dtype=dtype,
+        kv_cache_dtype="fp8" if kv == "fp8" else "bf16",
+        layers=model.layers,
+        hidden=model.hidden,
+        logits_per_request=vocab,
+        gemm_tokens=tuple(int(m) for m in m_axis),
+        gemms=gemms,
+        lm_head=lm_head,
+        context_attention=context,
+        decode_attention=decode,
+        allreduce=allreduce,
+        allreduces_per_step=(2 * model.layers + 1) if tp > 1 else 0,
+        logits_gather=gather,
+        memory_ops=tuple(memory_ops),
+        memory_bandwidth_gbps=bandwidth / 1e9,
+        memory_op_us=system["mem_empirical_constant_latency"] * 1e6,
+        kv_bytes_per_token=float(pool.kv_bytes),
+        memory=pool.plan,
+        engine_defaults={
+            "max_num_batched_tokens": pool.batched,
+            "max_num_seqs": pool.seqs,
+            "block_size": BLOCK_SIZE,
+            "max_model_len": pool.context_length,
+            "num_gpu_blocks": pool.blocks,
+            "async_scheduling": True,
+        },
+        provenance=provenance,
+    )
+
+
+def _checked_request(
+    tables: GpuTables,
+    gpu: str,
+    tp: int,
+    dtype: str,
+    kv_cache_dtype: str | None,
+    gpu_memory_utilization: float,
+) -> str:
+    """The KV cache's dtype the tables time (``bf16`` or ``fp8``), once ``tp``, ``dtype``,
+    ``kv_cache_dtype`` and ``gpu_memory_utilization`` are known to be ones the tables cover;
+    a one-line :class:`TunerError` naming the field otherwise."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise TunerError(f"`tp` {tp!r}: a tensor-parallel size is a whole number from 1")
     reduce_gpus = [int(g) for g in tables["allreduce.gpus"]]
@@ -385,7 +465,13 @@ def build_kernel_profile(
     if not 0 < gpu_memory_utilization <= 1:
         raise TunerError(f"`gpu_memory_utilization` {gpu_memory_utilization}: in (0, 1]")
 
-    # The shard one GPU holds (vLLM's tensor-parallel layers).
+    return kv
+
+
+def _shard(model: ModelShape, tp: int) -> tuple[int, int, int, int, int, int]:
+    """One GPU's shard of ``model`` at tensor parallelism ``tp``: attention heads, KV heads,
+    head size, MLP width, the padded vocabulary and its shard (vLLM's tensor-parallel
+    layers); a one-line :class:`TunerError` where vLLM would refuse ``tp``."""
     if model.heads % tp:
         raise TunerError(
             f"`tp` {tp}: {model.name}'s {model.heads} attention heads are not divisible by it "
@@ -407,25 +493,13 @@ def build_kernel_profile(
     vocab = -(-model.vocab // 64) * 64  # vLLM pads the vocabulary to a multiple of 64
     vocab_shard = -(-vocab // tp)
 
-    gemms = {
-        "qkv": _gemm(tables, dtype, "qkv", (heads + 2 * kv_heads) * hd, model.hidden, notes),
-        "o": _gemm(tables, dtype, "o", model.hidden, heads * hd, notes),
-        "gate_up": _gemm(tables, dtype, "gate_up", 2 * mlp, model.hidden, notes),
-        "down": _gemm(tables, dtype, "down", model.hidden, mlp, notes),
-    }
-    lm_head = _gemm(tables, "bf16", "lm_head", vocab_shard, model.hidden, notes)
-    m_axis = tables[f"gemm.{dtype}.m"]
-    if tables[f"gemm.{dtype}.m"].tolist() != tables["gemm.bf16.m"].tolist():
-        raise TunerError(f"{gpu}: the bf16 and {dtype} GEMM tables measure different token counts")
-    notes.extrapolated.append(
-        f"steps beyond {_n(m_axis[-1])} tokens (or requests): token-dependent kernel time "
-        "in proportion"
-    )
-    context = _context_curve(tables, kv, heads, kv_heads, hd, notes)
-    decode = _decode_grid(tables, kv, heads, kv_heads, hd, notes)
-    allreduce = _comm_curve(tables, "allreduce", tp) if tp > 1 else None
-    gather = _comm_curve(tables, "allgather", tp) if tp > 1 else None
+    return heads, kv_heads, hd, mlp, vocab, vocab_shard
 
+
+def _memory_ops(
+    model: ModelShape, heads: int, kv_heads: int, hd: int, mlp: int, vocab: int
+) -> list[MemoryOp]:
+    """The memory-bound kernels of a step that no table measures, per token or request."""
     # Memory-bound kernels no table measures: bytes moved at 80% of the datasheet bandwidth,
     # plus 3 µs a launch (AIConfigurator's memory-op rule); bf16 activations.
     a = ACTIVATION_BYTES
@@ -469,11 +543,41 @@ def build_kernel_profile(
             bytes_per_unit=SAMPLER_PASSES * 4 * vocab,
         )
     )
-    bandwidth = system["mem_bw"] * system["mem_bw_empirical_scaling_factor"]
+    return memory_ops
 
-    # The KV pool, as vLLM sizes it: gpu_memory_utilization of the GPU's memory, less the
-    # weights, the profiling run's activation peak (a max_num_batched_tokens forward pass, or
-    # the dummy sampler run over max_num_seqs requests), CUDA graphs and non-torch memory.
+
+@dataclass(frozen=True)
+class _Pool:
+    """The KV pool as vLLM sizes it, and what went into it."""
+
+    plan: MemoryPlan
+    batched: int
+    """vLLM's default step budget on the GPU (the profiling run's size)."""
+    seqs: int
+    kv_bytes: int
+    """KV cache bytes per token on one GPU."""
+    context_length: int
+    blocks: int
+
+
+def _kv_pool(
+    model: ModelShape,
+    tables: GpuTables,
+    gpu: str,
+    tp: int,
+    dtype: str,
+    kv: str,
+    gpu_memory_utilization: float,
+    max_model_len: int | None,
+) -> _Pool:
+    """The KV pool, as vLLM sizes it: ``gpu_memory_utilization`` of the GPU's memory, less the
+    weights, the profiling run's activation peak (a max_num_batched_tokens forward pass, or
+    the dummy sampler run over max_num_seqs requests), CUDA graphs and non-torch memory; a
+    one-line :class:`TunerError` where vLLM would refuse to start."""
+    system = tables.system
+    a = ACTIVATION_BYTES
+    layers = model.layers
+    heads, kv_heads, hd, mlp, vocab, vocab_shard = _shard(model, tp)
     batched, seqs = _batch_defaults(tables)
     w = 1 if dtype == "fp8" else 2
     linear = layers * (
@@ -522,6 +626,32 @@ def build_kernel_profile(
             )
         )
 
+    plan = MemoryPlan(
+        capacity_bytes=capacity,
+        gpu_memory_utilization=gpu_memory_utilization,
+        weight_bytes=int(weight_bytes),
+        activation_reserve_bytes=int(reserve),
+        kv_cache_bytes=kv_cache_bytes,
+    )
+    return _Pool(plan, batched, seqs, kv_bytes, context_length, int(blocks))
+
+
+def _provenance(
+    model: ModelShape,
+    tables: GpuTables,
+    gpu: str,
+    tp: int,
+    dtype: str,
+    kv: str,
+    pool: _Pool,
+    notes: _Notes,
+) -> Provenance:
+    """Where every number of the profile comes from: the tables, their kernels and versions,
+    and what is estimated."""
+    system = tables.system
+    plan = pool.plan
+    capacity, gpu_memory_utilization = plan.capacity_bytes, plan.gpu_memory_utilization
+    weight_bytes, reserve = plan.weight_bytes, plan.activation_reserve_bytes
     source = index()["source"]
     sources = tables.sources
     gemm_kernel = sources["gemm"]["kernels"][dtype]["kernel_source"]
@@ -552,63 +682,18 @@ def build_kernel_profile(
         f"KV pool: {_gib(capacity)} × {gpu_memory_utilization} − {_gib(weight_bytes)} weights "
         f"− {_gib(reserve)} activations, CUDA graphs and non-torch memory (estimated)",
     )
-    label = name or f"{_short_name(model.name)}-{gpu}-tp{tp}-{dtype}" + (
-        "-kv-fp8" if kv == "fp8" else ""
-    )
-    return KernelProfile(
-        name=label,
-        description=(
-            f"{model.name}, {dtype}, on {tp} × {gpu}: sum of measured vLLM kernel times "
-            f"(AIConfigurator vLLM {sources['gemm']['vllm_version']} tables)"
-        ),
+    return Provenance(
+        kind="measured-kernels",
+        method="sum of measured vLLM kernel times per step (AIConfigurator's vLLM tables)",
+        vllm_version=sources["gemm"]["vllm_version"],
         model=model.name,
+        hardware=f"{tp} × {device}",
+        source=f"{source['repository']} ({source['directory']}, {source['license']})",
+        source_commit=source["commit"],
         gpu=gpu,
-        tp=tp,
-        dtype=dtype,
-        kv_cache_dtype="fp8" if kv == "fp8" else "bf16",
-        layers=layers,
-        hidden=model.hidden,
-        logits_per_request=vocab,
-        gemm_tokens=tuple(int(m) for m in m_axis),
-        gemms=gemms,
-        lm_head=lm_head,
-        context_attention=context,
-        decode_attention=decode,
-        allreduce=allreduce,
-        allreduces_per_step=(2 * layers + 1) if tp > 1 else 0,
-        logits_gather=gather,
-        memory_ops=tuple(memory_ops),
-        memory_bandwidth_gbps=bandwidth / 1e9,
-        memory_op_us=system["mem_empirical_constant_latency"] * 1e6,
-        kv_bytes_per_token=float(kv_bytes),
-        memory=MemoryPlan(
-            capacity_bytes=capacity,
-            gpu_memory_utilization=gpu_memory_utilization,
-            weight_bytes=int(weight_bytes),
-            activation_reserve_bytes=int(reserve),
-            kv_cache_bytes=kv_cache_bytes,
-        ),
-        engine_defaults={
-            "max_num_batched_tokens": batched,
-            "max_num_seqs": seqs,
-            "block_size": BLOCK_SIZE,
-            "max_model_len": context_length,
-            "num_gpu_blocks": int(blocks),
-            "async_scheduling": True,
-        },
-        provenance=Provenance(
-            kind="measured-kernels",
-            method="sum of measured vLLM kernel times per step (AIConfigurator's vLLM tables)",
-            vllm_version=sources["gemm"]["vllm_version"],
-            model=model.name,
-            hardware=f"{tp} × {device}",
-            source=f"{source['repository']} ({source['directory']}, {source['license']})",
-            source_commit=source["commit"],
-            gpu=gpu,
-            tables=table_versions,
-            kernel_sources=kernels,
-            interpolated=tuple(notes.interpolated),
-            extrapolated=tuple(notes.extrapolated),
-            estimated=estimated,
-        ),
+        tables=table_versions,
+        kernel_sources=kernels,
+        interpolated=tuple(notes.interpolated),
+        extrapolated=tuple(notes.extrapolated),
+        estimated=estimated,
     )
