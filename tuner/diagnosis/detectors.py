@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from prefill_tuner.diagnosis.view import Measured, RunView, StepView
-from prefill_tuner.objectives.slo import format_seconds
+from prefill_tuner.objectives.slo import METRICS, format_seconds
 
 SPIKE_RATIO = 3.0
 """A step this many times the median step is a stall every streaming request sees as one long
@@ -274,7 +274,7 @@ def kv_thrashing(view: RunView) -> Finding | None:
         ),
         knob=knob,
         severity=len(preempting) / len(view.steps),
-        metrics=("ttft", "tpot", "itl", "e2el"),
+        metrics=METRICS,
     )
 
 

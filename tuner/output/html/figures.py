@@ -19,6 +19,7 @@ import optuna
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from prefill_tuner.objectives.slo import METRICS
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.space import HALVINGS_SUFFIX, THRESHOLD_SUFFIX
 from prefill_tuner.storage.models import TrialRecord
@@ -57,7 +58,7 @@ def knob_name(param: str) -> str:
 def _scale(name: str) -> float:
     """Latencies (a class's too: ``p99_ttft[interactive]``) are plotted in ms."""
     statistic = name.partition("[")[0]
-    return 1000.0 if statistic.endswith(("_ttft", "_tpot", "_itl", "_e2el")) else 1.0
+    return 1000.0 if statistic.endswith(tuple(f"_{metric}" for metric in METRICS)) else 1.0
 
 
 def hover_text(trial: TrialRecord) -> str:
