@@ -37,8 +37,8 @@ class ProfileSpec:
     """With ``gpu``: the model's HuggingFace config.json, or a folder holding one (default: the
     bundled shape of the model ``model`` names)."""
     gpu: str | None = None
-    """Build the simulator's profile from measured kernel timings on this GPU: h100_sxm,
-    h200_sxm, a100_sxm, b200_sxm or l40s (tune profile --list)."""
+    """Build the simulator's profile from measured kernel timings on this GPU, as the shipped
+    tables name it (h100_sxm; tune profile --list names them all)."""
     tp: int = 1
     """With ``gpu``: tensor-parallel size (serve lines carry --tensor-parallel-size)."""
     dtype: Literal["bf16", "fp8"] = "bf16"
