@@ -43,11 +43,9 @@ from prefill_tuner.study.run import (
     StudyProgress,
     definition_changes,
     enqueue_baseline,
-    open_study,
-    run_study,
 )
-from prefill_tuner.study.screening import give_profile, run_screened_study
-from prefill_tuner.study.session import checked_summary
+from prefill_tuner.study.screening import give_profile
+from prefill_tuner.study.session import TuningSession
 from prefill_tuner.study.summary import summarize_study
 from prefill_tuner.study.windows import judge_windows
 from prefill_tuner.trace.stats import trace_stats
@@ -111,35 +109,30 @@ def retune(
             incumbent_runs = measure(engine, plan, incumbent, repeats)
     measuring_s = time.monotonic() - started
 
-    study, record = open_study(plan, store, engine)
-    if not study.trials:
-        enqueue_baseline(study, plan, engine)
-        warm = _warm_start(study, plan, store, previous, incumbent)
-        if warm:
-            say(
-                f"warm start: {warm} configuration{'s' * (warm > 1)} of the previous generation "
-                "queued first"
-            )
     timeout = None
     if nightly.deadline_s is not None:
         # Leave as much time for re-measuring the challenger as the incumbent took.
         timeout = nightly.deadline_s - (time.monotonic() - started) - max(measuring_s, 0.0)
-    if timeout is None or timeout > 0:
-        searched = replace(plan, timeout_s=timeout)
-        if plan.screen_trials:
-            if nightly.screen_profile is not None:
-                give_profile(study, nightly.screen_profile)
-            study = run_screened_study(
-                searched, engine, store, (study, record), progress=progress, say=say
-            )
+    searched = replace(plan, timeout_s=timeout)
+    with TuningSession(searched, engine, store) as session:
+        record = session.record
+        if plan.screen_trials and nightly.screen_profile is not None:
+            give_profile(session.study, nightly.screen_profile)
+        if not session.study.trials:
+            enqueue_baseline(session.study, plan, engine)
+            warm = _warm_start(session.study, plan, store, previous, incumbent)
+            if warm:
+                say(
+                    f"warm start: {warm} configuration{'s' * (warm > 1)} of the previous "
+                    "generation queued first"
+                )
+        if timeout is None or timeout > 0:
+            if session.run(progress, say):
+                raise KeyboardInterrupt  # every finished trial is kept; the night resumes
         else:
-            study = run_study(searched, engine, store, progress, (study, record))
-    else:
-        say("the deadline left no time to search: the incumbent is kept if it holds")
+            say("the deadline left no time to search: the incumbent is kept if it holds")
+        summary = session.summary(say)
 
-    summary = checked_summary(
-        plan, engine, store, study, summarize_study(study, record, store.trials(record)), say
-    )
     challenger = summary.recommended.settings if summary.recommended else None
     if challenger is not None and incumbent is not None and _same(challenger, incumbent):
         challenger = None  # the search's best is the incumbent itself
