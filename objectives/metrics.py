@@ -42,6 +42,9 @@ class RequestRecord:
     """Times the engine preempted it (the simulator; 0 where unknown)."""
     traffic_class: str | None = None
     """The request's traffic class (from the trace), so SLOs can judge each class apart."""
+    seen_s: float | None = None
+    """When the engine first saw the request: its scheduler had it, past the server's front
+    end (the simulator fills it; ``None`` where unknown, as on a real server)."""
 
     @property
     def completed(self) -> bool:

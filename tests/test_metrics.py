@@ -41,6 +41,7 @@ def test_itl_times_chunks_as_vllm_bench_does() -> None:
     assert metrics.itl_s["p50"] == pytest.approx(0.2)  # the gaps 0.1 and 0.3 (a); none (b)
     assert metrics.tpot_s["mean"] == pytest.approx((0.4 / 3 + 0.0) / 2)
 
+
 def test_failed_and_unfinished_requests_count_against_the_run() -> None:
     records = [
         RequestRecord("ok", 0.0, [0.1, 0.2], 2),

@@ -165,6 +165,8 @@ def test_three_real_trials(tune, workspace: Path) -> None:
         starts = window["steps"]["start_s"]
         assert len(starts) > 10 and starts == sorted(starts)
         assert starts[0] <= window["long_prompt"]["arrival_s"] <= starts[-1]
+        # A real server says neither when it saw a request nor whom a step prefilled.
+        assert window["long_prompt"]["seen_s"] is window["long_prompt"]["admitted_s"] is None
         assert len(details["timeline"]["quantiles"]["ttft_s"]) == 101
         assert "cut_short" not in details
     assert trials[0].is_baseline and trials[0].settings["max_num_batched_tokens"] == 2048

@@ -1,7 +1,8 @@
 """The report's figures, as data: axis titles carry units, importance names the knobs, every
 step of the timeline's window is a bar wide enough to be drawn, the TPOT/ITL SLO is drawn on
 the streams and the slowest stream named, the axes span the data, and the timeline's PNG shows
-the same (issue 41 item 12)."""
+the same (issue 41 item 12); both mark and say the long prompt's front end, queue and prefill
+to its first token where the engine knows them, its TTFT where not (issue 42)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from pathlib import Path
 import optuna
 import pytest
 
+from prefill_tuner.engines.timeline import build_timeline, real_steps
+from prefill_tuner.objectives.metrics import RequestRecord
 from prefill_tuner.objectives.slo import parse_slos
 from prefill_tuner.output.html.figures import optuna_figures, pareto_figure
 from prefill_tuner.output.html.image import timeline_image, timeline_png
-from prefill_tuner.output.html.timeline import timeline_figure
+from prefill_tuner.output.html.timeline import LIFE_FONT, MARKERS, panels, timeline_figure
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.summary import summarize_stored
+from prefill_tuner.trace.model import Request, Trace
 from tests.conftest import AZURE
 
 
@@ -26,6 +30,7 @@ def _window(
     prefill: list[int],
     streams: list[dict] | None = None,
     arrival: float = 0.0,
+    life: dict | None = None,
 ) -> dict:
     steps = {
         "start_s": starts,
@@ -33,7 +38,7 @@ def _window(
         "prefill_tokens": prefill,
         "decode_tokens": [1] * len(starts),
     }
-    prompt = {"arrival_s": arrival, "first_token_s": arrival + 3.0}
+    prompt = {"arrival_s": arrival, "first_token_s": arrival + 3.0, **(life or {})}
     window = {
         "long_prompt": prompt,
         "start_s": min(starts),
@@ -206,6 +211,112 @@ def test_the_timeline_png_draws_the_same_picture() -> None:
     assert (width, height) == (1400, 800)
     assert timeline_png(STREAMED, slos) == data  # no timestamp in it: the same study, the same file
     assert timeline_png([("baseline (trial 0)", {"window": None})]) is None
+
+
+LIVED = [
+    (
+        "baseline (trial 0)",
+        _window(
+            [100.0, 100.4, 100.9, 103.5],
+            [0.4, 0.5, 2.6, 0.5],
+            [16, 2048, 8192, 0],
+            [_stream("a", 100.0, [0.02, 0.4, 2.6])],
+            arrival=100.9,
+            life={
+                "prompt_tokens": 8000,
+                "seen_s": 100.912,
+                "admitted_s": 101.252,
+                "first_token_s": 101.462,
+            },
+        ),
+    ),
+    STREAMED[1],  # stored before seen and admitted were kept (as a real server's: unknown)
+]
+LIFE = "long prompt 8,000 tokens: front end 12 ms, queued 340 ms, prefill to first token 210 ms"
+TTFT = "long prompt: TTFT 3,000 ms"
+STYLES = {words: style for _, words, style in MARKERS}
+
+
+def _marks(shapes: list) -> dict[str, set[float]]:
+    """Vertical lines by legend name → where they are (s from the arrival, rounded)."""
+    found: dict[str, set[float]] = {}
+    for shape in shapes:
+        assert shape.x0 == shape.x1 and shape.line.color == STYLES[shape.name]["color"]
+        assert shape.line.dash == STYLES[shape.name]["dash"]
+        found.setdefault(shape.name, set()).add(round(shape.x0, 6))
+    return found
+
+
+def test_the_timeline_marks_and_says_the_long_prompts_front_end_queue_and_prefill() -> None:
+    """Between its send and its first token: when the engine saw the long prompt and when its
+    first step started, drawn on every row and said in ms under the column's name; a run
+    that knows neither (a real server, an old stored timeline) keeps its two lines and says
+    its TTFT."""
+    figure = timeline_figure(LIVED)
+    titles = [annotation.text for annotation in figure.layout.annotations]
+    assert titles == [
+        f"baseline (trial 0)<br>{LIFE_FONT}{LIFE}</span>",
+        f"recommended (trial 7)<br>{LIFE_FONT}{TTFT}</span>",
+    ]
+    column_of = {"x": 0, "x3": 0, "x5": 0, "x2": 1, "x4": 1, "x6": 1}  # rows 1-3, 2 columns
+    columns: list[list] = [[], []]
+    for shape in figure.layout.shapes:
+        columns[column_of[shape.xref]].append(shape)
+    assert _marks(columns[0]) == {
+        "long prompt sent": {0.0},
+        "seen by the engine": {0.012},
+        "its first step": {0.352},
+        "its first token": {0.562},
+    }
+    assert _marks(columns[1]) == {"long prompt sent": {0.0}, "its first token": {3.0}}
+    assert len(columns[0]) == 4 * 3 and len(columns[1]) == 2 * 3  # on every row
+    legend = [shape.name for shape in figure.layout.shapes if shape.showlegend]
+    assert sorted(legend) == sorted(STYLES)  # each named once
+
+    image = timeline_image(LIVED)
+    assert image is not None
+    for column, (who, words) in enumerate(((LIVED[0][0], LIFE), (LIVED[1][0], TTFT))):
+        top = image.axes[column]
+        assert top.get_title() == who and [t.get_text() for t in top.texts] == [words]
+        colours = {line.get_color() for line in top.get_lines()}
+        assert (STYLES["seen by the engine"]["color"] in colours) == (column == 0)
+        assert (STYLES["its first step"]["color"] in colours) == (column == 0)
+    legend_texts = [text.get_text() for text in image.legends[0].get_texts()]
+    assert set(STYLES) <= set(legend_texts)
+    assert timeline_png(LIVED) is not None
+
+
+def test_a_real_servers_timeline_knows_neither_moment_and_still_draws() -> None:
+    """A real server's step log names no requests and its records no moment the engine saw
+    them: the window says ``None`` for both, and the picture its TTFT."""
+    trace = Trace((Request("a", 0.0, 100, 40), Request("long", 0.1, 4000, 2)))
+    records = [
+        RequestRecord("a", 0.0, [0.02 + 0.01 * i for i in range(40)], 40),
+        RequestRecord("long", 0.1, [0.4, 0.41], 2),
+    ]
+    logged = [
+        {
+            "step": i,
+            "logged_at_s": 1000.0 + 0.01 * (i + 1),
+            "duration_s": 0.01,
+            "prefill_tokens": 4000 if i == 15 else 0,
+            "decode_tokens": 1,
+            "prefill_requests": int(i == 15),
+            "decode_requests": 1,
+        }
+        for i in range(45)
+    ]
+    timeline = build_timeline(trace, records, real_steps(logged, 1000.0))
+    prompt = timeline["window"]["long_prompt"]
+    assert prompt["id"] == "long" and prompt["seen_s"] is None and prompt["admitted_s"] is None
+    compared = [("baseline (trial 0)", timeline)]
+    [panel] = panels(compared)
+    assert panel is not None and panel.life_label() == "long prompt 4,000 tokens: TTFT 300 ms"
+    figure = timeline_figure(compared)
+    assert {shape.name for shape in figure.layout.shapes} == {"long prompt sent", "its first token"}
+    image = timeline_image(compared)
+    assert image is not None
+    assert [t.get_text() for t in image.axes[0].texts] == ["long prompt 4,000 tokens: TTFT 300 ms"]
 
 
 def test_the_pareto_axes_span_the_trials_not_the_other_axis_slo(store_and_name) -> None:

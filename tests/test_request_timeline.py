@@ -7,13 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from prefill_tuner.diagnosis import simulated_view
 from prefill_tuner.engines.sim import SimConfig, StepRecord, load_profile, simulate
 from prefill_tuner.engines.sim.config import async_scheduling_default
 from prefill_tuner.engines.sim.cost_model import profile_from_record
 from prefill_tuner.engines.sim.replicas import simulate_replicas
 from prefill_tuner.engines.sim.trial_engine import profile_words
+from prefill_tuner.engines.timeline import build_timeline
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.metrics import RequestRecord
+from prefill_tuner.output.html.timeline import panels
 from prefill_tuner.trace import ShapeOptions, load_trace
 from prefill_tuner.trace.model import Request, Trace
 from tests.conftest import AZURE
@@ -61,8 +64,10 @@ def wave(count: int, prompt: int = 1024, output: int = 64) -> Trace:
     return Trace(tuple(Request(f"r{i}", 0.0, prompt, output) for i in range(count)))
 
 
-def records_of(records: list[RequestRecord]) -> list[tuple[str, float, list[float]]]:
-    return [(r.id, r.sent_s, list(r.token_times_s)) for r in records]
+def records_of(
+    records: list[RequestRecord],
+) -> list[tuple[str, float, float | None, list[float]]]:
+    return [(r.id, r.sent_s, r.seen_s, list(r.token_times_s)) for r in records]
 
 
 @pytest.mark.parametrize("limit", [None, 4, 16])
@@ -158,6 +163,41 @@ def test_the_front_end_tokenises_a_prompt_before_the_next_request() -> None:
     joined = next(step for step in steps if "short" in step.scheduled)
     before = steps[steps.index(joined) - 1]
     assert before.start_s < short_seen <= joined.start_s
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_the_timeline_says_when_the_engine_saw_the_long_prompt_and_first_scheduled_it(
+    async_scheduling: bool,
+) -> None:
+    """The report's timeline follows the longest prompt from its send to its first token:
+    the scheduler has it ``request_latency`` plus its prompt's tokenising after its send (the
+    front end free: nothing sent just before it), its first step starts after that, and its
+    first token comes after that; the report says the three in words."""
+    profile = H100.model_copy(update={"request_latency_ms": 5.0, "request_token_us": 2.0})
+    streams = tuple(Request(f"s{i}", 0.01 * i, 200, 300) for i in range(4))
+    trace = Trace((*streams, Request("long", 0.5, 8000, 4)))
+    view = simulated_view(trace, config(async_scheduling), profile)
+    prompt = build_timeline(trace, view.records, view.steps)["window"]["long_prompt"]
+    assert prompt["id"] == "long" and prompt["arrival_s"] == 0.5
+    assert prompt["seen_s"] == pytest.approx(0.5 + 0.005 + 8000 * 2e-6, abs=1e-6)
+    assert view.records[-1].seen_s == pytest.approx(0.521, abs=1e-9)
+    assert all(r.seen_s is not None and r.seen_s > r.sent_s for r in view.records)
+    first = next(step for step in view.steps if "long" in (step.prefill_chunks or {}))
+    assert first.start_s is not None and prompt["admitted_s"] == round(first.start_s, 6)
+    assert prompt["arrival_s"] <= prompt["seen_s"] <= prompt["admitted_s"]
+    assert prompt["admitted_s"] <= prompt["first_token_s"]
+    assert first.decode_tokens >= 1  # the streams were decoding: it queued behind a step
+    words = panels([("baseline (trial 0)", {"window": _window_of(prompt)})])[0]
+    assert words is not None
+    label = words.life_label()
+    assert label.startswith("long prompt 8,000 tokens: front end 21 ms, queued ")
+    assert ", prefill to first token " in label and label.endswith(" ms")
+
+
+def _window_of(prompt: dict) -> dict:
+    """A window of the long prompt alone (what the words are made of)."""
+    empty = {"start_s": [], "duration_s": [], "prefill_tokens": [], "decode_tokens": []}
+    return {"long_prompt": prompt, "steps": empty, "streams": []}
 
 
 def test_a_profile_without_the_new_terms_keeps_its_record() -> None:

@@ -162,7 +162,11 @@ def _window(
     trace: Trace, records: Sequence[RequestRecord], steps: Sequence[Step]
 ) -> dict[str, Any] | None:
     """Steps and streams around the arrival of the longest prompt (the first of the
-    longest)."""
+    longest), and that prompt's life: its send (``arrival_s``), when the engine's scheduler
+    first had it (``seen_s``), when the first step that scheduled any of it started
+    (``admitted_s``) and its first token (``first_token_s``); each ``None`` where unknown (a
+    real server says neither when it saw a request nor which requests a step prefilled, and
+    timelines stored before these two were kept lack their keys: read them as ``None``)."""
     if not trace.requests or not records:
         return None
     index = max(range(len(trace.requests)), key=lambda i: (trace.requests[i].prompt_tokens, -i))
@@ -193,11 +197,14 @@ def _window(
                 (int(inside.sum()), record.id, times[1:][inside], np.diff(times)[inside])
             )
     streams.sort(key=lambda s: -s[0])
+    admitted = _admitted(long_request.id, steps)
     return {
         "long_prompt": {
             "id": long_request.id,
             "prompt_tokens": long_request.prompt_tokens,
             "arrival_s": round(arrival, 6),
+            "seen_s": None if long_record.seen_s is None else round(long_record.seen_s, 6),
+            "admitted_s": None if admitted is None else round(admitted, 6),
             "first_token_s": None if first_token is None else round(first_token, 6),
         },
         "start_s": round(start_s, 6),
@@ -213,6 +220,16 @@ def _window(
             for _, rid, at, gaps in streams[:MAX_STREAMS]
         ],
     }
+
+
+def _admitted(request_id: str, steps: Sequence[Step]) -> float | None:
+    """When the first step that scheduled any of the request's prompt started (``None``:
+    none did, or the steps do not say which requests they prefilled, as a real server's log
+    does not)."""
+    for step in steps:
+        if step.prefill_chunks and request_id in step.prefill_chunks:
+            return _start(step)
+    return None
 
 
 def _start(step: Step) -> float:

@@ -242,6 +242,7 @@ def request_records(
             error=errors.get(r.index),
             preemptions=r.preemptions,
             traffic_class=r.traffic_class,
+            seen_s=r.seen_s,
         )
         for r in requests
     ]
@@ -375,10 +376,13 @@ class _Loop:
         self.stalled: str | None = None
 
     def _admit_arrivals(self, now: int) -> None:
-        """Hand the scheduler every request that reached it by ``now``."""
+        """Hand the scheduler every request that reached it by ``now`` (each one noting
+        when it did: its ready tick, which may be before ``now``)."""
         ready, accepted, scheduler = self.ready, self.accepted, self.scheduler
         while self.next_arrival < len(accepted) and ready[self.next_arrival] <= now:
-            scheduler.add_request(accepted[self.next_arrival])
+            request = accepted[self.next_arrival]
+            request.seen_s = ready[self.next_arrival] / NS
+            scheduler.add_request(request)
             self.next_arrival += 1
 
     def _upcoming(self) -> int | None:

@@ -149,6 +149,7 @@ class SimRequest:
         "preemptions",
         "prompt",
         "registered_blocks",
+        "seen_s",
         "sent_s",
         "shareable_tokens",
         "shared_tokens",
@@ -166,6 +167,9 @@ class SimRequest:
         self.sent_s = template.arrival_s
         """When the client sent it: its arrival, or later when a client limit held it back
         (``max_concurrency``: it waited for a request in flight to finish)."""
+        self.seen_s: float | None = None
+        """When the scheduler first had it (past the server's front end); ``None``: never
+        (rejected, or the run stalled before it got there)."""
         self.prompt = template.prompt
         self.max_tokens = template.max_tokens
         self.traffic_class = template.traffic_class

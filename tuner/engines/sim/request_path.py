@@ -80,9 +80,10 @@ class ServerPath:
         return sampled + self.response + request.last_position * self.per_output
 
 
-def read_times(request: SimRequest, path: ServerPath) -> array[float] | np.ndarray:
+def read_times(request: SimRequest, path: ServerPath) -> array[float]:
     """When the client read each of ``request``'s tokens, in seconds (the tokens' sampling
-    times themselves when the path takes no time)."""
+    times themselves when the path takes no time; an ``array`` either way, as records hold
+    them)."""
     sampled = request.token_times
     if not path.read_late or not sampled:
         return sampled
@@ -90,7 +91,9 @@ def read_times(request: SimRequest, path: ServerPath) -> array[float] | np.ndarr
     per_output = path.per_output / NS
     times[:-1] += request.first_position * per_output
     times[-1] += request.last_position * per_output
-    return np.maximum.accumulate(times)
+    read = array("d")
+    read.frombytes(np.maximum.accumulate(times).tobytes())
+    return read
 
 
 def _ticks(seconds: float) -> int:

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 from prefill_tuner.objectives.slo import Slo
 from prefill_tuner.output.html.figures import COLOURS
 from prefill_tuner.output.html.timeline import (
-    ARRIVAL,
-    FIRST_TOKEN,
+    MARKERS,
     OTHER_STREAM,
     ROW_TITLES,
     SLO_COLOUR,
@@ -34,7 +33,10 @@ DPI = 100
 WIDTH_IN = 7.0
 """Per run's column, in inches (two runs: 1,400 pixels wide)."""
 HEIGHT_IN = 8.0
-DASHES = {"dash": "--", "dot": ":"}
+DASHES: dict[str, Any] = {"dash": "--", "dot": ":", "dashdot": "-.", "longdash": (0, (8, 3))}
+"""Plotly's dash names as matplotlib line styles."""
+TITLE_PAD = 18
+"""Points between a column's name and its axes: room for the long prompt's life under it."""
 
 
 def timeline_image(
@@ -51,17 +53,31 @@ def timeline_image(
     figure = Figure(figsize=(WIDTH_IN * len(columns), HEIGHT_IN), dpi=DPI, layout="constrained")
     grid = figure.subplots(3, len(columns), sharex="col", sharey="row", squeeze=False)
     lines = slo_lines(slos)
+    known = {name for panel in columns if panel is not None for name, *_ in panel.moments()}
     handles: list[Any] = [
         Patch(color=COLOURS["prefill"], label="prefill tokens"),
         Patch(color=COLOURS["decode"], label="decode tokens"),
-        Line2D([], [], color=ARRIVAL["color"], linestyle="--", label="long prompt's arrival"),
-        Line2D([], [], color=FIRST_TOKEN["color"], linestyle=":", label="its first token"),
+    ] + [
+        Line2D([], [], color=style["color"], linestyle=DASHES[style["dash"]], label=words)
+        for name, words, style in MARKERS
+        if name in known
     ]
     for column, panel in enumerate(columns):
         axes = [grid[row, column] for row in range(3)]
-        axes[0].set_title(compared[column][0])
         if panel is None:
+            axes[0].set_title(compared[column][0])
             continue
+        axes[0].set_title(compared[column][0], pad=TITLE_PAD)
+        axes[0].annotate(
+            panel.life_label(),
+            (0.5, 1),
+            xycoords="axes fraction",
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize="small",
+        )
         _draw(axes, panel, lines)
         if panel.slowest is not None:
             label = panel.slowest_label()
@@ -120,14 +136,8 @@ def _draw(axes: Sequence[Axes], panel: TimelinePanel, lines: Sequence[Any]) -> N
             bbox={"facecolor": "white", "edgecolor": "none", "pad": 1, "alpha": 0.8},
         )
     for ax in axes:
-        ax.axvline(0, color=ARRIVAL["color"], linestyle=DASHES[ARRIVAL["dash"]], linewidth=1.2)
-        if panel.first_token is not None:
-            ax.axvline(
-                panel.first_token,
-                color=FIRST_TOKEN["color"],
-                linestyle=DASHES[FIRST_TOKEN["dash"]],
-                linewidth=1.2,
-            )
+        for _, _, style, at in panel.moments():
+            ax.axvline(at, color=style["color"], linestyle=DASHES[style["dash"]], linewidth=1.2)
         ax.grid(True, color="#e9ecef")
         ax.set_ylim(bottom=0)
     steps.set_xlim(*panel.span)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import plotly.graph_objects as go
@@ -19,11 +20,33 @@ from prefill_tuner.objectives.slo import Slo
 from prefill_tuner.output.html.figures import COLOURS, LAYOUT, run_kind
 from prefill_tuner.study.headline import objective_label
 
-TITLE = "Around the longest prompt's arrival (red dashes; its first token: purple dots)"
+TITLE = "Around the longest prompt's arrival (its moments: vertical lines, named in the legend)"
 ROW_TITLES = ("step (ms)", "tokens in step", "ITL of streams (ms)")
 X_TITLE = "s from the long prompt's arrival"
 ARRIVAL = {"color": "#c1121f", "dash": "dash"}
+SEEN = {"color": "#0077b6", "dash": "dashdot"}
+ADMITTED = {"color": "#2b9348", "dash": "longdash"}
 FIRST_TOKEN = {"color": "#6a4c93", "dash": "dot"}
+MARKERS = (
+    ("arrival", "long prompt sent", ARRIVAL),
+    ("seen", "seen by the engine", SEEN),
+    ("admitted", "its first step", ADMITTED),
+    ("first_token", "its first token", FIRST_TOKEN),
+)
+"""The long prompt's moments drawn as vertical lines: the :class:`TimelinePanel` attribute
+(s from its arrival; ``None``: unknown, not drawn), the legend's words, the line's style."""
+PHASES = {
+    ("arrival", "seen"): "front end",
+    ("seen", "admitted"): "queued",
+    ("admitted", "first_token"): "prefill to first token",
+    ("arrival", "admitted"): "front end and queue",
+    ("seen", "first_token"): "queued and prefill to first token",
+    ("arrival", "first_token"): "TTFT",
+}
+"""What the time between two known moments of the long prompt is called (the moments between
+them unknown)."""
+LIFE_FONT = '<span style="font-size:12px">'
+"""The long prompt's life under a column's name: smaller than the name."""
 SLO_COLOUR = "#f77f00"
 OTHER_STREAM = "#adb5bd"
 
@@ -70,6 +93,39 @@ class TimelinePanel:
     """The slowest first (the largest inter-token latency), then as the timeline keeps them."""
     first_token: float | None
     """The long prompt's first token (``None``: it had none)."""
+    prompt_tokens: int | None = None
+    """The long prompt's length."""
+    seen: float | None = None
+    """When the engine's scheduler first had the long prompt (``None``: unknown, as on a real
+    server, or a timeline stored before it was kept)."""
+    admitted: float | None = None
+    """When the first step that scheduled any of its prompt started (``None``: unknown)."""
+    arrival: float = 0.0
+    """Its send: the time axis's zero."""
+
+    def moments(self) -> list[tuple[str, str, dict[str, str], float]]:
+        """The long prompt's known moments, in :data:`MARKERS`' order: name, legend words,
+        line style, time."""
+        known = []
+        for name, words, style in MARKERS:
+            at = getattr(self, name)
+            if at is not None:
+                known.append((name, words, style, float(at)))
+        return known
+
+    def life_label(self) -> str:
+        """The long prompt's life in words: ``long prompt 8,000 tokens: front end 12 ms,
+        queued 340 ms, prefill to first token 210 ms`` (``TTFT 560 ms`` where only its send
+        and first token are known)."""
+        tokens = "" if self.prompt_tokens is None else f" {self.prompt_tokens:,} tokens"
+        known = [(name, at) for name, _, _, at in self.moments()]
+        phases = [
+            f"{PHASES[(before, after)]} {_ms(end - start)}"
+            for (before, start), (after, end) in pairwise(known)
+        ]
+        if self.first_token is None:
+            phases.append("no first token")
+        return f"long prompt{tokens}: {', '.join(phases)}"
 
     @property
     def slowest(self) -> Stream | None:
@@ -80,6 +136,12 @@ class TimelinePanel:
         assert stream is not None
         worst = f"ITL up to {stream.worst_ms:.0f} ms"
         return f"slowest stream, {self.who}: request {stream.id} ({worst})"
+
+
+def _ms(seconds: float) -> str:
+    """``340 ms``; ``4.2 ms`` below 10 ms (a front end takes a few)."""
+    ms = seconds * 1000
+    return f"{ms:,.0f} ms" if abs(ms) >= 10 else f"{ms:.1f} ms"
 
 
 def slo_lines(slos: Sequence[Slo]) -> list[SloLine]:
@@ -116,7 +178,10 @@ def panels(compared: Sequence[tuple[str, dict[str, Any]]]) -> list[TimelinePanel
         if streams:
             slowest = max(range(len(streams)), key=lambda i: (streams[i].worst_ms, -i))
             streams.insert(0, streams.pop(slowest))
-        first = window["long_prompt"]["first_token_s"]
+        prompt = window["long_prompt"]
+        first, seen, admitted = (
+            prompt.get(key) for key in ("first_token_s", "seen_s", "admitted_s")
+        )  # seen and admitted: absent from timelines stored before they were kept
         result.append(
             TimelinePanel(
                 who=who,
@@ -129,6 +194,9 @@ def panels(compared: Sequence[tuple[str, dict[str, Any]]]) -> list[TimelinePanel
                 decode=list(steps["decode_tokens"]),
                 streams=streams,
                 first_token=None if first is None else first - zero,
+                prompt_tokens=prompt.get("prompt_tokens"),
+                seen=None if seen is None else seen - zero,
+                admitted=None if admitted is None else admitted - zero,
             )
         )
     return result
@@ -140,8 +208,11 @@ def timeline_figure(
     """Side by side, around the arrival of the trace's longest prompt: each step's latency,
     its prefill and decode tokens, and each streaming request's inter-token latency (the
     slowest stream highlighted and named, the others grey; the TPOT and ITL SLOs drawn
-    across them). Time is relative to the long prompt's arrival; its arrival and first token
-    are marked; each column's time axis spans its window, no more."""
+    across them). Time is relative to the long prompt's arrival; its moments are marked
+    (:data:`MARKERS`: its send, the engine seeing it, its first step and its first token, as
+    far as known) and said in words under each column's name (:meth:`TimelinePanel.
+    life_label`); each column's time axis spans its window, no more."""
+    columns = panels(compared)
     fig = make_subplots(
         rows=3,
         cols=len(compared),
@@ -149,12 +220,16 @@ def timeline_figure(
         shared_yaxes=True,  # one scale per row: the spike and its absence compare at a glance
         vertical_spacing=0.06,
         horizontal_spacing=0.07,
-        subplot_titles=[who for who, _ in compared],
+        subplot_titles=[
+            who if panel is None else f"{who}<br>{LIFE_FONT}{panel.life_label()}</span>"
+            for (who, _), panel in zip(compared, columns, strict=True)
+        ],
         row_heights=[0.34, 0.33, 0.33],
     )
     lines = slo_lines(slos)
     first_other = True
-    for column, panel in enumerate(panels(compared), start=1):
+    marked: set[str] = set()
+    for column, panel in enumerate(columns, start=1):
         if panel is None:
             continue
         _steps(fig, panel, column)
@@ -199,10 +274,18 @@ def timeline_figure(
                 row=3,
                 col=column,
             )
-        for row in (1, 2, 3):
-            fig.add_vline(x=0, line=ARRIVAL, row=row, col=column)
-            if panel.first_token is not None:
-                fig.add_vline(x=panel.first_token, line=FIRST_TOKEN, row=row, col=column)
+        for name, words, style, at in panel.moments():
+            for row in (1, 2, 3):
+                fig.add_vline(
+                    x=at,
+                    line=style,
+                    row=row,
+                    col=column,
+                    name=words,
+                    legendgroup=name,  # one legend entry shows or hides them all
+                    showlegend=name not in marked,
+                )
+                marked.add(name)
         fig.update_xaxes(range=list(panel.span), row=3, col=column)
     fig.update_layout(
         **LAYOUT,
@@ -212,6 +295,7 @@ def timeline_figure(
         title=TITLE,
         legend={"orientation": "h", "yanchor": "top", "y": -0.09, "x": 0},
     )
+    fig.update_layout(margin_t=100)  # room for the columns' two-line titles
     # From zero to the data's top; said outright, or plotly.js leaves every y axis at [-1, 4]
     # once an x axis has a range.
     fig.update_yaxes(autorange=True, rangemode="tozero")
