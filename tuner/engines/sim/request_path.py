@@ -31,9 +31,7 @@ import numpy as np
 
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.request import SimRequest
-
-NS = 1_000_000_000
-"""Clock ticks per second (the loop's)."""
+from prefill_tuner.engines.sim.steps import NS
 
 
 @dataclass(frozen=True, slots=True)
