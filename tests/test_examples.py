@@ -595,6 +595,7 @@ def test_a_stop_at_any_moment_of_the_start_leaves_no_tune_running(
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_the_wrapper_runs_a_night_on_the_simulator(tmp_path: Path) -> None:
     """The real tune behind the wrapper, on the simulator: without TUNE_LOG_DIR the wrapper
     passes no --log-dir (the simulator starts no server and refuses it), and the night runs

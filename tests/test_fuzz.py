@@ -264,6 +264,7 @@ SIM_FLAGS = [
 ]
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(
     st.one_of(

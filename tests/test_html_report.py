@@ -238,6 +238,7 @@ def test_tune_report_writes_again_and_refuses_a_bad_output(tune, tmp_path: Path)
     assert '<p class="headroom">headroom (trial ' in text and "headroom rule:" in text
 
 
+@pytest.mark.slow
 def test_the_report_leads_with_the_answer_and_writes_its_timeline_png(
     tune, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,7 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from prefill_tuner.cli.tables import render_summary
@@ -58,6 +59,7 @@ def _next_commands(text: str) -> list[list[str]]:
     ]
 
 
+@pytest.mark.slow
 def test_the_answer_comes_first_then_the_table_then_two_alternatives(
     tune, tmp_path: Path, monkeypatch
 ) -> None:

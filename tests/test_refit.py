@@ -161,6 +161,7 @@ def test_the_shipped_profile_says_its_time_outside_kernels_is_estimated() -> Non
     assert "refitted" not in GIVEN.model_dump(mode="json")["provenance"]
 
 
+@pytest.mark.slow
 def test_refit_from_a_study_end_to_end(tmp_path: Path, tune) -> None:
     """``tune calibrate --from-study NAME --profile P``: a study whose "real" trials are the
     simulator with the H100 kernels and other time outside them; the refit keeps the kernels,

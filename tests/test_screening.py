@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from prefill_tuner import defaults
@@ -223,6 +224,7 @@ def test_a_resumed_screened_run_keeps_its_screening_and_goes_on_with_the_candida
     ]
 
 
+@pytest.mark.slow
 def test_a_screened_night_screens_its_generation(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
     engine = SimEngine(load_profile(defaults.PROFILE))  # standing in for the real server

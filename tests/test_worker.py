@@ -51,6 +51,7 @@ def wait_for(condition: Callable[[], bool], what: str, alive: list[subprocess.Po
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_four_workers_share_a_study_and_retry_a_killed_workers_trial(
     tune, tmp_path: Path, postgres_url: str
 ) -> None:
