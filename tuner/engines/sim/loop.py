@@ -2,10 +2,10 @@
 
 Synchronous (vLLM on CPU): a step starts when the previous one's output has been applied (or,
 when the engine is idle, at the next arrival), schedules what has arrived by then, lasts as
-long as the cost model says (device and host time), and its sampled tokens are delivered at
-its end.
+long as the cost model says (device and host time), and its sampled tokens leave the engine
+at its end (their clients read them later: :mod:`.request_path`).
 
-Asynchronous (vLLM's default on GPU): the engine core keeps up to two steps in flight
+Asynchronous (vLLM's default on GPU since 0.14): the engine core keeps up to two steps in flight
 (``EngineCore.step_with_batch_queue``): it schedules step k+1 and launches it, then waits for
 step k and applies its output, then schedules step k+2, and so on. The device runs the steps
 back to back; the host's share of a step (scheduling, output processing) runs while the
@@ -15,10 +15,10 @@ Time is kept in integer nanoseconds, so a constant step maps arrivals to steps e
 long the run.
 
 Closed-loop load (``max_concurrency``, as ``vllm bench serve --max-concurrency``): the client
-keeps at most N requests in flight (sent, last token not yet delivered). A request whose
-arrival has come while N are in flight waits, and is sent, in arrival order, the moment one of
-them delivers its last token (:class:`ClosedLoop`); its latencies count from that send. The
-engine sees it then, exactly as it sees an arrival at that time.
+keeps at most N requests in flight (sent, last token not yet read). A request whose arrival
+has come while N are in flight waits, and is sent, in arrival order, the moment the client of
+one of them reads its last token (:class:`ClosedLoop`); its latencies count from that send. The
+engine sees it through the front end, exactly as it sees an arrival at that time.
 """
 
 from __future__ import annotations
