@@ -32,6 +32,7 @@ import numpy as np
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.request import SimRequest
 from prefill_tuner.engines.sim.steps import NS
+from prefill_tuner.engines.sim.steps import ticks as _ticks
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +93,3 @@ def read_times(request: SimRequest, path: ServerPath) -> array[float]:
     read = array("d")
     read.frombytes(np.maximum.accumulate(times).tobytes())
     return read
-
-
-def _ticks(seconds: float) -> int:
-    return round(seconds * NS)
