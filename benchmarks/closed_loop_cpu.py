@@ -33,7 +33,7 @@ from prefill_tuner.engines.real.cpu_recipe import CPU_SERVER_ARGS, write_tiny_mo
 from prefill_tuner.engines.real.engine import VllmEngine
 from prefill_tuner.engines.sim import StepRecord, simulate
 from prefill_tuner.engines.sim.config import resolve_config
-from prefill_tuner.objectives.metrics import RequestRecord
+from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
 from prefill_tuner.trace.model import Request, Trace
 
 KV_BYTES = ["--kv-cache-memory-bytes", str(256 * 2**20)]
@@ -54,6 +54,13 @@ def _describe(records: list[RequestRecord], wave: int) -> dict[str, Any]:
         "wave_spread_ms": float(first.max() - first.min()),
         "wave_distinct": len({round(t, 1) for t in first}),
     }
+
+
+def _tpot(records: list[RequestRecord]) -> str:
+    """The requests' TPOTs (``vllm bench serve``'s: first token to last over the tokens
+    between), in ms: mean / p50 / p90."""
+    tpot = summarize_run(records).tpot_s
+    return " / ".join(f"{1000 * tpot[key]:.1f}" for key in ("mean", "p50", "p90"))
 
 
 def _admission_steps(prefills: list[int]) -> int:
@@ -130,7 +137,9 @@ def main() -> int:
                 sim_requests = [len(step.scheduled) - step.decode_tokens for step in sim_steps]
                 print(
                     f"  c={c}: requests prefilling per prefill step, real / simulated: "
-                    f"{_together(real_prefills)} / {_together(sim_requests)}"
+                    f"{_together(real_prefills)} / {_together(sim_requests)}; TPOT ms mean / "
+                    f"p50 / p90, real / simulated: {_tpot(run.records)} / "
+                    f"{_tpot(simulated.records)}"
                 )
                 print(
                     f"| {c} | {real['mean']:.0f} / {real['p50']:.0f} / {real['p90']:.0f} / "
