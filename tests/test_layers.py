@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("stopping", 0),
     ("yaml_input", 0),
     ("names", 0),
+    ("declared", 0),
     ("data", 0),
     # 1: the vocabulary: SLOs and metrics, vLLM's knobs, the database
     ("objectives", 1),

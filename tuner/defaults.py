@@ -17,6 +17,10 @@ HANG_TIMEOUT_S = 120.0
 """A real trial fails when requests are in flight but no token arrives for this long."""
 TRIALS = 30
 """Trials of a study (or of one night)."""
+MAX_TRIALS = 1_000_000
+"""The most trials a study may ask for (more would never finish; 10**20 overflowed SQLite)."""
+MAX_SEED = 2**32 - 1
+"""Seeds go to numpy and Optuna, which take 0..2**32-1."""
 OBJECTIVE: Literal["latency", "capacity"] = "latency"
 SAMPLER: Literal["tpe", "random"] = "tpe"
 STARTUP_TRIALS = 8

@@ -8,12 +8,9 @@ or `` `trials` `` inside a sentence); only here does a field become ``--trials``
 
 from __future__ import annotations
 
-import ast
-import functools
-import inspect
-import itertools
 import re
-import textwrap
+
+from prefill_tuner.declared import field_docs
 
 FLAGS: dict[str, str] = {
     # the study (StudyPlan, build_plan)
@@ -100,27 +97,6 @@ def with_flags(message: str) -> str:
     """A library message as the command line says it: every field it names in backticks
     becomes its flag (a name no flag sets loses its backticks)."""
     return _FIELD.sub(lambda m: FLAGS.get(m.group(1), m.group(1)), message)
-
-
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring (the string literal under its declaration), as vLLM's and
-    pydantic's attribute docstrings are read: from the class's source."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    declaration = tree.body[0]
-    assert isinstance(declaration, ast.ClassDef), cls
-    body = declaration.body
-    docs: dict[str, str] = {}
-    for declared, following in itertools.pairwise(body):
-        if (
-            isinstance(declared, ast.AnnAssign)
-            and isinstance(declared.target, ast.Name)
-            and isinstance(following, ast.Expr)
-            and isinstance(following.value, ast.Constant)
-            and isinstance(following.value.value, str)
-        ):
-            docs[declared.target.id] = inspect.cleandoc(following.value.value)
-    return docs
 
 
 def help_of(cls: type, field: str, *, prefix: str = "") -> str:

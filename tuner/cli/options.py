@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from prefill_tuner import defaults
 from prefill_tuner.cli.assignments import parse_assignments, parse_value
-from prefill_tuner.cli.fields import flag_of, help_of
+from prefill_tuner.cli.declared_options import OptionGroup, construct, group, option
+from prefill_tuner.cli.fields import help_of
 from prefill_tuner.engines.factory import EngineOptions
 from prefill_tuner.engines.sim.config import SimConfig, resolve_config
 from prefill_tuner.engines.sim.cost_model import StepModel
@@ -34,15 +34,10 @@ from prefill_tuner.search_spaces.space import MAX_ENGINE_INT
 from prefill_tuner.storage.store import check_storage_url
 from prefill_tuner.study.plan import SpaceSpec, StudyPlan, TraceSpec
 from prefill_tuner.trace import ShapeOptions
-from prefill_tuner.trace.shaping import MAX_RATE_SCALE
 
 ENGINE_PANEL = "Engine"
 TRACE_PANEL = "Trace shaping"
 SPACE_PANEL = "Search space"
-
-
-def _study(field: str) -> str:
-    return help_of(StudyPlan, field)
 
 
 # Options that stand alone ------------------------------------------------------------------
@@ -54,22 +49,25 @@ def _storage_url(url: str) -> str:
 
 StorageOpt = Annotated[
     str,
-    typer.Option(
-        "--storage",
+    option(
+        StudyPlan,
+        "storage_url",
         envvar="TUNE_STORAGE",
         callback=_storage_url,
-        help=_study("storage_url").removesuffix(".")
-        + "; from $TUNE_STORAGE when not given, which keeps a password out of command lines and "
-        "process lists.",
+        help=help_of(StudyPlan, "storage_url").removesuffix(".")
+        + "; from $TUNE_STORAGE when not given, which keeps a password out of command lines "
+        "and process lists.",
     ),
 ]
-StudyOpt = Annotated[str | None, typer.Option("--study", help=_study("name"))]
-SloOpt = Annotated[list[str], typer.Option("--slo", help=_study("slos"))]
-HeadroomOpt = Annotated[float | None, typer.Option("--headroom", help=_study("headroom"))]
-HeadroomCheckOpt = Annotated[str, typer.Option("--headroom-check", help=_study("headroom_check"))]
-JudgeWindowOpt = Annotated[
-    list[str] | None, typer.Option("--judge-window", help=_study("judge_windows"))
-]
+StudyOpt = Annotated[str | None, option(StudyPlan, "name")]
+SloOpt = Annotated[list[str], option(StudyPlan, "slos")]
+HeadroomOpt = Annotated[float | None, option(StudyPlan, "headroom")]
+HeadroomCheckOpt = Annotated[str, option(StudyPlan, "headroom_check")]
+JudgeWindowOpt = Annotated[list[str] | None, option(StudyPlan, "judge_windows")]
+SeedOpt = Annotated[int, option(StudyPlan, "seed")]
+TrialsOpt = Annotated[int, option(StudyPlan, "trials")]
+ErrorBudgetOpt = Annotated[float, option(StudyPlan, "error_budget")]
+ScreenOpt = Annotated[int, option(StudyPlan, "screen_trials")]
 
 
 def _model_name(name: str) -> str:
@@ -84,7 +82,7 @@ def _model_name(name: str) -> str:
     return name
 
 
-ModelOpt = Annotated[str, typer.Option("--model", callback=_model_name, help=_study("model"))]
+ModelOpt = Annotated[str, option(StudyPlan, "model", callback=_model_name)]
 SampledTraceOpt = Annotated[
     Path,
     typer.Option(
@@ -94,8 +92,7 @@ SampledTraceOpt = Annotated[
     ),
 ]
 """A trace to tune on, the bundled sample (``defaults.SAMPLE_TRACE``) when none is given."""
-MAX_SEED = 2**32 - 1
-"""Seeds go to numpy and Optuna, which take 0..2**32-1."""
+MAX_SEED, MAX_TRIALS = defaults.MAX_SEED, defaults.MAX_TRIALS
 STDOUT = Path("-")
 """An output given as ``-``: standard output (export, report, trace convert and synth)."""
 MovedTraceOpt = Annotated[
@@ -106,33 +103,12 @@ MovedTraceOpt = Annotated[
         "recorded with the study).",
     ),
 ]
-SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help=_study("seed"))]
-MAX_TRIALS = 1_000_000
-"""The most trials a study may ask for (more would never finish; 10**20 overflowed SQLite)."""
-TrialsOpt = Annotated[int, typer.Option("--trials", min=1, max=MAX_TRIALS, help=_study("trials"))]
-ErrorBudgetOpt = Annotated[
-    float,
-    typer.Option(
-        "--error-budget",
-        min=0,
-        max=1,
-        help=_study("error_budget"),
-    ),
-]
 NoReportOpt = Annotated[
     bool,
     typer.Option(
         "--no-report",
         envvar="TUNE_NO_REPORT",
         help="Write no HTML report at the end (also: TUNE_NO_REPORT=1).",
-    ),
-]
-ScreenOpt = Annotated[
-    int,
-    typer.Option(
-        "--screen",
-        min=0,
-        help=_study("screen_trials"),
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -163,83 +139,16 @@ def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
     )
 
 
-@dataclass(frozen=True)
-class OptionGroup:
-    """Flags that together build one object, passed to the command as one parameter."""
-
-    params: tuple[inspect.Parameter, ...]
-    build: Callable[..., Any]
-
-
-def _hardware_help(field: str) -> str:
-    return help_of(ProfileSpec, field)
-
-
 HARDWARE_PANEL = "Simulated hardware"
-_HARDWARE = (
-    _param(
-        "profile",
-        Annotated[
-            str | None,
-            _option(
-                "--profile",
-                _hardware_help("profile"),
-                HARDWARE_PANEL,
-                show_default=defaults.PROFILE,
-            ),
-        ],
-        None,
-    ),
-    _param(
-        "model_config",
-        Annotated[
-            str | None, _option("--model-config", _hardware_help("model_config"), HARDWARE_PANEL)
-        ],
-        None,
-    ),
-    _param(
-        "gpu", Annotated[str | None, _option("--gpu", _hardware_help("gpu"), HARDWARE_PANEL)], None
-    ),
-    _param(
-        "tp",
-        Annotated[int, _option("--tp", _hardware_help("tp"), HARDWARE_PANEL, min=1, max=64)],
-        1,
-    ),
-    _param(
-        "dtype",
-        Annotated[str, _option("--dtype", _hardware_help("dtype"), HARDWARE_PANEL)],
-        "bf16",
-    ),
-    _param(
-        "kv_cache_dtype",
-        Annotated[
-            str, _option("--kv-cache-dtype", _hardware_help("kv_cache_dtype"), HARDWARE_PANEL)
-        ],
-        "auto",
-    ),
-    _param(
-        "gpu_memory_utilization",
-        Annotated[
-            float,
-            _option(
-                "--gpu-memory-utilization",
-                _hardware_help("gpu_memory_utilization"),
-                HARDWARE_PANEL,
-                min=0.01,
-                max=1,
-            ),
-        ],
-        defaults.GPU_MEMORY_UTILIZATION,
-    ),
-)
+_HARDWARE = group(
+    ProfileSpec,
+    ("profile", "model_config", "gpu", "tp", "dtype", "kv_cache_dtype", "gpu_memory_utilization"),
+    panel=HARDWARE_PANEL,
+    extra={"profile": {"show_default": defaults.PROFILE}},
+).params
 
 
 def _profile_spec(**values: Any) -> ProfileSpec:
-    for name, allowed in (("dtype", ("bf16", "fp8")), ("kv_cache_dtype", ("auto", "bf16", "fp8"))):
-        if values[name] not in allowed:
-            raise TunerError(
-                f"{flag_of(name)}: expected {' or '.join(allowed)}, got {values[name]!r}"
-            )
     spec = ProfileSpec(**values)
     spec.check()  # before a trace is read
     return spec
@@ -361,164 +270,22 @@ REAL_SERVER = OptionGroup(params=_REAL_SERVER, build=_real_server_options)
 """The real engine's options alone (``tune calibrate`` starts a server, never a simulator)."""
 
 
-def _shaping(field: str) -> str:
-    return help_of(ShapeOptions, field)
-
-
 _TRACE_READING = (
-    _param(
-        "format",
-        Annotated[
-            str | None,
-            _option(
-                "--format",
-                help_of(TraceSpec, "format"),
-                TRACE_PANEL,
-            ),
-        ],
-        None,
-    ),
-    _param(
-        "sort",
-        Annotated[
-            bool,
-            _option("--sort", help_of(TraceSpec, "sort"), TRACE_PANEL),
-        ],
-        False,
-    ),
-    _param(
-        "start",
-        Annotated[float, _option("--start", _shaping("start_s"), TRACE_PANEL, min=0)],
-        0.0,
-    ),
-    _param(
-        "duration",
-        Annotated[float | None, _option("--duration", _shaping("duration_s"), TRACE_PANEL, min=0)],
-        None,
-    ),
-    _param(
-        "rate_scale",
-        Annotated[
-            float,
-            _option("--rate-scale", _shaping("rate_scale"), TRACE_PANEL, min=0, max=MAX_RATE_SCALE),
-        ],
-        1.0,
-    ),
-    _param(
-        "max_requests",
-        Annotated[
-            int | None,
-            _option("--max-requests", _shaping("max_requests"), TRACE_PANEL, min=1),
-        ],
-        None,
-    ),
-    _param(
-        "dequantize",
-        Annotated[
-            str | None,
-            _option(
-                "--dequantize",
-                _shaping("dequantize_s"),
-                TRACE_PANEL,
-            ),
-        ],
-        None,
-    ),
-    _param(
-        "jitter_seed",
-        Annotated[
-            int,
-            _option("--jitter-seed", _shaping("jitter_seed"), TRACE_PANEL, min=0, max=MAX_SEED),
-        ],
-        0,
-    ),
-    _param(
-        "classes",
-        Annotated[
-            str | None,
-            _option(
-                "--classes",
-                _shaping("classes"),
-                TRACE_PANEL,
-            ),
-        ],
-        None,
-    ),
+    *group(TraceSpec, ("format", "sort"), panel=TRACE_PANEL).params,
+    *group(
+        ShapeOptions,
+        ("start_s", "duration_s", "rate_scale", "max_requests", "dequantize_s", "jitter_seed"),
+        panel=TRACE_PANEL,
+    ).params,
+    *group(ShapeOptions, ("classes",), panel=TRACE_PANEL).params,
 )
-_TRACE_LENGTH = (
-    _param(
-        "max_model_len",
-        Annotated[
-            int | None,
-            _option(
-                "--max-model-len",
-                _shaping("max_model_len"),
-                TRACE_PANEL,
-                min=2,
-            ),
-        ],
-        None,
-    ),
-    _param(
-        "over_length",
-        Annotated[
-            str,
-            _option("--over-length", _shaping("over_length"), TRACE_PANEL),
-        ],
-        "clip",
-    ),
-)
-
-
-_TRACE_REPLAY = (
-    _param(
-        "max_concurrency",
-        Annotated[
-            int | None,
-            _option(
-                "--max-concurrency",
-                _shaping("max_concurrency"),
-                TRACE_PANEL,
-                min=1,
-                max=MAX_ENGINE_INT,
-            ),
-        ],
-        None,
-    ),
-)
+_TRACE_LENGTH = group(ShapeOptions, ("max_model_len", "over_length"), panel=TRACE_PANEL).params
+_TRACE_REPLAY = group(ShapeOptions, ("max_concurrency",), panel=TRACE_PANEL).params
 """How a replayed trace's requests are sent (not ``tune trace``'s: it replays nothing)."""
 
 
-def _trace_input(
-    format: str | None,
-    sort: bool,
-    start: float,
-    duration: float | None,
-    rate_scale: float,
-    max_requests: int | None,
-    dequantize: str | None,
-    jitter_seed: int,
-    classes: str | None = None,
-    max_model_len: int | None = None,
-    over_length: str = "clip",
-    max_concurrency: int | None = None,
-) -> TraceChoice:
-    return TraceChoice(
-        format,
-        sort,
-        shape_options(
-            start=start,
-            duration=duration,
-            rate_scale=rate_scale,
-            max_model_len=max_model_len,
-            over_length=over_length,
-            max_requests=max_requests,
-            dequantize=dequantize,
-            jitter_seed=jitter_seed,
-            classes=classes,
-            max_concurrency=max_concurrency,
-        ),
-    )
+def _trace_input(format: str | None, sort: bool, **shaping: Any) -> TraceChoice:
+    return TraceChoice(format, sort, construct(ShapeOptions, **shaping))
 
 
 TRACE = OptionGroup(params=_TRACE_READING + _TRACE_REPLAY, build=_trace_input)
@@ -669,8 +436,10 @@ def with_options(**groups: OptionGroup) -> Callable[[Command], Command]:
 
         @functools.wraps(command)
         def wrapper(**values: Any) -> Any:
-            for keyword, group in groups.items():
-                values[keyword] = group.build(**{p.name: values.pop(p.name) for p in group.params})
+            for keyword, options in groups.items():
+                values[keyword] = options.build(
+                    **{p.name: values.pop(p.name) for p in options.params}
+                )
             return command(**values)
 
         wrapper.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
@@ -715,54 +484,3 @@ def _flag(name: str, info: typer.models.OptionInfo) -> str:
 def _members(annotation: Any) -> tuple[Any, ...]:
     """The types of an ``Annotated[float | None, ...]`` union (none for a plain type)."""
     return typing.get_args(typing.get_args(annotation)[0])
-
-
-# Converting values ---------------------------------------------------------------------------
-def shape_options(
-    *,
-    start: float = 0.0,
-    duration: float | None = None,
-    rate_scale: float = 1.0,
-    max_model_len: int | None = None,
-    over_length: str = "clip",
-    max_requests: int | None = None,
-    dequantize: str | None = None,
-    jitter_seed: int = 0,
-    classes: str | None = None,
-    max_concurrency: int | None = None,
-) -> ShapeOptions:
-    """:class:`ShapeOptions` from CLI values, as a one-line error naming the flag."""
-    quantum: float | str | None = dequantize
-    if dequantize is not None and dequantize != "auto":
-        try:
-            quantum = float(dequantize)
-        except ValueError:
-            raise TunerError(
-                f"--dequantize: expected seconds or 'auto', got {dequantize!r}"
-            ) from None
-        if not math.isfinite(quantum):
-            raise TunerError(f"--dequantize: {dequantize} is not a finite number of seconds")
-    try:
-        return ShapeOptions(
-            start_s=start,
-            duration_s=duration,
-            rate_scale=rate_scale,
-            max_model_len=max_model_len,
-            over_length=over_length,  # type: ignore[arg-type]
-            max_requests=max_requests,
-            dequantize_s=quantum,  # type: ignore[arg-type]
-            jitter_seed=jitter_seed,
-            classes=classes,
-            max_concurrency=max_concurrency,
-        )
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        message = str(first["msg"]).removeprefix("Value error, ")
-        # A check across fields has no location: name the field its message names.
-        fields = ShapeOptions.model_fields
-        field = str(first["loc"][0]) if first["loc"] else ""
-        field = field or next((name for name in fields if name in message), "")
-        message = message.removeprefix(f"{field} ")
-        for name in fields:
-            message = message.replace(name, flag_of(name))
-        raise TunerError(f"{flag_of(field)}: {message}" if field else message) from None

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from prefill_tuner import defaults, exit_codes
+from prefill_tuner.cli.declared_options import option
 from prefill_tuner.cli.display import (
     ProgressDisplay,
     error_console,
@@ -21,7 +22,7 @@ from prefill_tuner.cli.display import (
     print_study_header,
     quiet_optuna,
 )
-from prefill_tuner.cli.fields import help_of, with_flags
+from prefill_tuner.cli.fields import with_flags
 from prefill_tuner.cli.options import (
     ENGINE,
     SPACE,
@@ -61,13 +62,7 @@ from prefill_tuner.study.summary import StudySummary
 def run_command(
     slo: SloOpt,
     trace_file: SampledTraceOpt = defaults.SAMPLE_TRACE,
-    objective: Annotated[
-        str,
-        typer.Option(
-            "--objective",
-            help=help_of(StudyPlan, "objective_mode"),
-        ),
-    ] = defaults.OBJECTIVE,
+    objective: Annotated[str, option(StudyPlan, "objective_mode")] = defaults.OBJECTIVE,
     trials: TrialsOpt = defaults.TRIALS,
     create_only: Annotated[
         bool,
@@ -80,38 +75,15 @@ def run_command(
     model: ModelOpt = defaults.MODEL,
     study_name: StudyOpt = None,
     storage: StorageOpt = defaults.STORAGE,
-    timeout: Annotated[
-        float | None,
-        typer.Option("--timeout", min=1, help=help_of(StudyPlan, "timeout_s")),
-    ] = None,
+    timeout: Annotated[float | None, option(StudyPlan, "timeout_s")] = None,
     seed: SeedOpt = 0,
-    sampler: Annotated[
-        str, typer.Option("--sampler", help=help_of(StudyPlan, "sampler"))
-    ] = defaults.SAMPLER,
-    rule_trials: Annotated[
-        bool,
-        typer.Option(
-            "--rule-trials/--no-rule-trials",
-            help=help_of(StudyPlan, "rule_trials"),
-        ),
-    ] = defaults.RULE_TRIALS,
+    sampler: Annotated[str, option(StudyPlan, "sampler")] = defaults.SAMPLER,
+    rule_trials: Annotated[bool, option(StudyPlan, "rule_trials")] = defaults.RULE_TRIALS,
     error_budget: ErrorBudgetOpt = 0.0,
     capacity_tolerance: Annotated[
-        float,
-        typer.Option(
-            "--capacity-tolerance",
-            min=0.001,
-            max=0.5,
-            help=help_of(StudyPlan, "capacity_tolerance"),
-        ),
+        float, option(StudyPlan, "capacity_tolerance")
     ] = defaults.CAPACITY_TOLERANCE,
-    early_abort: Annotated[
-        bool,
-        typer.Option(
-            "--early-abort/--no-early-abort",
-            help=help_of(StudyPlan, "early_abort"),
-        ),
-    ] = True,
+    early_abort: Annotated[bool, option(StudyPlan, "early_abort")] = True,
     screen: ScreenOpt = 0,
     headroom: HeadroomOpt = None,
     headroom_check: HeadroomCheckOpt = "sim",

@@ -6,9 +6,10 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from prefill_tuner import defaults
+from prefill_tuner.declared import Flag
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.errors import TunerError
@@ -38,7 +39,7 @@ class EngineOptions:
     serve_cmd: str | None = None
     """The command the model name follows (default: 'vllm serve' if that works, else 'PYTHON
     -m vllm.entrypoints.openai.api_server --model')."""
-    server_args: tuple[str, ...] = field(default_factory=tuple)
+    server_args: Annotated[tuple[str, ...], Flag("--server-arg")] = field(default_factory=tuple)
     """Extra server arguments, e.g. '--kv-cache-memory-bytes 268435456' (repeatable).
 
     Each a shell-quoted string."""

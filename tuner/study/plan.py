@@ -4,14 +4,16 @@ builds it from what the user gave: engine → search space → trace shaping →
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from prefill_tuner import defaults
+from prefill_tuner.declared import Flag, check_declared, check_values
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.names import SAFE_NAME, check_name
@@ -36,8 +38,6 @@ MAX_HEADROOM = 64.0
 """The largest load margin :attr:`StudyPlan.headroom` takes (the capacity search's bound)."""
 RATE_MULTIPLIER = "rate_multiplier"
 """The objective of capacity studies: the highest trace-rate multiplier meeting every SLO."""
-OBJECTIVE_MODES = ("latency", "capacity")
-SAMPLERS = ("tpe", "random")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class StudyPlan:
     """Everything a study run needs, as the user asked for it."""
 
     # The first paragraph of a field's docstring is the help of the option that sets it.
-    name: str
+    name: Annotated[str, Flag("--study")]
     """Study name (default: TRACE-OBJECTIVE).
 
     The study's name in the storage; a resumed study keeps it."""
@@ -53,25 +53,27 @@ class StudyPlan:
     """The trace, already shaped."""
     shaping: ShapeOptions
     """How it was shaped (stored, so a resume or a worker shapes it the same way)."""
-    slos: tuple[Slo, ...]
+    slos: Annotated[tuple[Slo, ...], Flag("--slo")]
     """SLO like p99_tpot=50ms or p95_ttft=2s (repeatable)."""
     space: SearchSpace
-    storage_url: str = defaults.STORAGE
+    storage_url: Annotated[str, Flag("--storage")] = defaults.STORAGE
     """Study database URL (SQLite file or PostgreSQL)."""
     model: str = defaults.MODEL
     """Model named in serve lines."""
-    trials: int = defaults.TRIALS
+    trials: Annotated[int, Field(ge=1, le=defaults.MAX_TRIALS)] = defaults.TRIALS
     """Trials of the study.
 
     The total of finished trials the study should have (a resumed study runs the rest)."""
-    objective_mode: Literal["latency", "capacity"] = defaults.OBJECTIVE
+    objective_mode: Annotated[Literal["latency", "capacity"], Flag("--objective")] = (
+        defaults.OBJECTIVE
+    )
     """latency: minimise the SLO'd percentiles; capacity: maximise the trace rate multiplier at
     which all SLOs hold."""
-    error_budget: float = 0.0
+    error_budget: Annotated[float, Field(ge=0, le=1)] = 0.0
     """Share of requests allowed to fail without violating the SLOs."""
-    timeout_s: float | None = None
+    timeout_s: Annotated[float | None, Field(ge=1)] = None
     """Stop starting trials after this many seconds."""
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, le=defaults.MAX_SEED)] = 0
     """Sampler seed.
 
     Offset by the number of trials so far on each resume."""
@@ -79,7 +81,7 @@ class StudyPlan:
     """tpe (multivariate TPE) or random: both run the engine's defaults first (the baseline
     every ratio is measured against); random then runs random points only, no rule-derived
     trials."""
-    startup_trials: int = defaults.STARTUP_TRIALS
+    startup_trials: Annotated[int, Field(ge=1)] = defaults.STARTUP_TRIALS
     """Trials TPE samples at random before it models the results (the baseline included)."""
     rule_trials: bool = defaults.RULE_TRIALS
     """Latency studies: after the defaults, run a few settings derived from the trace's decode
@@ -89,7 +91,7 @@ class StudyPlan:
     The rules are :mod:`prefill_tuner.study.first_trials`'s; they run on the study's first run,
     not under the random sampler (a plain random search), and not in a screened study, whose
     screening candidates come first."""
-    capacity_tolerance: float = defaults.CAPACITY_TOLERANCE
+    capacity_tolerance: Annotated[float, Field(ge=0.001, le=0.5)] = defaults.CAPACITY_TOLERANCE
     """Capacity bisection precision (relative).
 
     The bisection stops when hi / lo − 1 ≤ this."""
@@ -98,19 +100,19 @@ class StudyPlan:
     lower bounds of what it would have measured).
 
     :mod:`prefill_tuner.objectives.early_abort`."""
-    screen_trials: int = 0
+    screen_trials: Annotated[int, Field(ge=0), Flag("--screen")] = 0
     """``engine`` vllm: after the baseline, fit the simulator to its step log (or use
     ``profile``), simulate this many trials, and run their Pareto-optimal settings on the server
     first (0: off). Workers of the study share the screening.
 
     :mod:`prefill_tuner.study.screening`."""
-    judge_windows: tuple[str, ...] = ()
+    judge_windows: Annotated[tuple[str, ...], Flag("--judge-window")] = ()
     """Also judge each trial on this window of the trace: busiest:SECONDS (the busiest stretch
     of that length) or START..END seconds (repeatable); a trial meets the SLOs only if it meets
     them on the whole trace and on every window.
 
     :mod:`prefill_tuner.study.windows`."""
-    headroom: float | None = None
+    headroom: Annotated[float | None, Field(gt=1, le=MAX_HEADROOM)] = None
     """Required load margin: recommend only a setting that still meets the SLOs at this
     multiple of the trace's request rate (1.2 = 20% more load), checked on the simulator.
 
@@ -126,20 +128,10 @@ class StudyPlan:
     :mod:`prefill_tuner.study.headroom`."""
 
     def __post_init__(self) -> None:
-        """An SLO naming a class that no request carries could never be judged: refused
-        before any trial, listing the classes the trace has; so are a bad load margin, check
-        or window."""
-        if self.headroom is not None and not (
-            math.isfinite(self.headroom) and 1 < self.headroom <= MAX_HEADROOM
-        ):
-            raise TunerError(
-                f"`headroom` {self.headroom:g}: a load margin is a multiple of the trace's "
-                f"request rate above 1 and at most {MAX_HEADROOM:g} (1.2 = 20% more load)"
-            )
-        if self.headroom_check not in ("sim", "engine", "off"):
-            raise TunerError(
-                f"`headroom_check` {self.headroom_check!r}: expected sim, engine or off"
-            )
+        """Each field as declared (its bounds and choices); an SLO naming a class that no
+        request carries could never be judged: refused before any trial, listing the classes
+        the trace has; so is a window without requests."""
+        check_declared(self)
         judge_windows(self.trace, self.judge_windows)  # each has requests
         wanted = [slo.traffic_class for slo in self.slos if slo.traffic_class is not None]
         if wanted:
@@ -178,11 +170,11 @@ class TraceSpec:
 class SpaceSpec:
     """What the user fixed and where knobs are searched."""
 
-    fixed: Mapping[str, Any] = field(default_factory=dict)
+    fixed: Annotated[Mapping[str, Any], Flag("--set")] = field(default_factory=dict)
     """Fixed engine setting, e.g. max_model_len=32768 (repeatable).
 
     Settings every trial runs with, by vLLM's name: ``{"max_model_len": 32768}``."""
-    ranges: Mapping[str, str] = field(default_factory=dict)
+    ranges: Annotated[Mapping[str, str], Flag("--space")] = field(default_factory=dict)
     """Knob range, e.g. max_num_batched_tokens=256..16384 (repeatable).
 
     By knob, as ``LOW..HIGH``: ``{"max_num_batched_tokens": "256..16384"}``; they win over
@@ -255,10 +247,7 @@ def build_plan(
 
     ``name`` defaults to ``TRACE-OBJECTIVE`` (the trace file's stem)."""
     parsed_slos = parse_slos(slos)
-    if objective_mode not in OBJECTIVE_MODES:
-        raise TunerError(f"`objective_mode`: expected latency or capacity, got {objective_mode!r}")
-    if sampler not in SAMPLERS:
-        raise TunerError(f"`sampler`: expected tpe or random, got {sampler!r}")
+    check_values(StudyPlan, objective_mode=objective_mode, sampler=sampler)  # before any work
     if screen_trials:
         if not engine.starts_servers:
             raise TunerError(

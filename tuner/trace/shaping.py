@@ -14,7 +14,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prefill_tuner.defaults import MAX_SEED
 from prefill_tuner.errors import TraceError
+from prefill_tuner.search_spaces.space import MAX_ENGINE_INT
 from prefill_tuner.trace.classes import assign_classes, canonical_classes, parse_classes
 from prefill_tuner.trace.model import Adjustment, Request, Trace
 from prefill_tuner.trace.readers import MAX_TIMESTAMP
@@ -50,7 +52,7 @@ class ShapeOptions(BaseModel):
     Every arrival gets uniform jitter in [0, q) seconds (the true arrival lies inside its
     quantum), then the trace is re-sorted; ``"auto"`` takes q as the median gap between
     distinct timestamps (about 3 s in Mooncake). ``None``: off."""
-    jitter_seed: int = 0
+    jitter_seed: int = Field(default=0, ge=0, le=MAX_SEED)
     """Seed for ``dequantize_s`` (the same options give the same arrivals)."""
     start_s: float = Field(default=0.0, ge=0)
     """Window start, seconds from trace start (later arrivals are kept, re-based to 0)."""
@@ -69,7 +71,7 @@ class ShapeOptions(BaseModel):
     output; ``drop`` removes them."""
     max_requests: int | None = Field(default=None, ge=1)
     """Keep only the first N requests."""
-    max_concurrency: int | None = Field(default=None, ge=1)
+    max_concurrency: int | None = Field(default=None, ge=1, le=MAX_ENGINE_INT)
     """Closed-loop load, as vllm bench serve --max-concurrency: at most N requests in flight; a
     request whose arrival has come waits until one finishes, and is sent then, in arrival
     order (TTFT and E2E latency count from its send).
@@ -77,6 +79,20 @@ class ShapeOptions(BaseModel):
     In flight: sent, last token not yet delivered. The trace's arrival times stay as they are:
     the engines apply the limit as they replay it (the simulator, with replicas over all of
     them; the real replay's client). ``None``: open loop, every request sent at its arrival."""
+
+    @field_validator("dequantize_s", mode="before")
+    @classmethod
+    def _quantum_text(cls, value: object) -> object:
+        """A quantum as text (a flag, a config file): 'auto' or seconds."""
+        if not isinstance(value, str) or value == "auto":
+            return value
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise ValueError(f"expected seconds or 'auto', got {value!r}") from None
+        if not math.isfinite(seconds):
+            raise ValueError(f"{value} is not a finite number of seconds")
+        return seconds
 
     @field_validator("classes")
     @classmethod

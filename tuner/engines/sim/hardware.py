@@ -11,15 +11,22 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import Field
 
 from prefill_tuner import defaults
+from prefill_tuner.declared import check_declared
 from prefill_tuner.defaults import GPU_MEMORY_UTILIZATION
 from prefill_tuner.errors import TunerError
 
 if TYPE_CHECKING:  # the simulator is imported when a profile is wanted, not with the options
     from prefill_tuner.engines.sim.cost_model import StepModel
     from prefill_tuner.engines.sim.kernels import KernelProfile
+
+
+MAX_TP = 64
+"""The largest tensor-parallel size a profile is built for."""
 
 
 @dataclass(frozen=True)
@@ -39,14 +46,17 @@ class ProfileSpec:
     gpu: str | None = None
     """Build the simulator's profile from measured kernel timings on this GPU, as the shipped
     tables name it (h100_sxm; tune profile --list names them all)."""
-    tp: int = 1
+    tp: Annotated[int, Field(ge=1, le=MAX_TP)] = 1
     """With ``gpu``: tensor-parallel size (serve lines carry --tensor-parallel-size)."""
     dtype: Literal["bf16", "fp8"] = "bf16"
     """With ``gpu``: weights and GEMMs, bf16 or fp8."""
     kv_cache_dtype: Literal["auto", "bf16", "fp8"] = "auto"
     """With ``gpu``: the KV cache's dtype (auto: bf16)."""
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    gpu_memory_utilization: Annotated[float, Field(ge=0.01, le=1)] = GPU_MEMORY_UTILIZATION
     """With ``gpu``: the share of GPU memory vLLM may use (sizes the KV pool)."""
+
+    def __post_init__(self) -> None:
+        check_declared(self)
 
     @property
     def builds(self) -> bool:

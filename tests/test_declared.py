@@ -1,0 +1,135 @@
+"""A setting is declared once, as a library field (``prefill_tuner.declared``): the command
+line's options are generated from it, and the library checks what the field declares wherever
+a value comes from."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import pytest
+import typer
+from pydantic import Field
+
+from prefill_tuner.cli import options, run_cmd
+from prefill_tuner.cli.declared_options import cli_type, group
+from prefill_tuner.cli.fields import FLAGS
+from prefill_tuner.declared import Flag, check_declared, flag_name, settings_of, union_members
+from prefill_tuner.engines.factory import EngineOptions
+from prefill_tuner.engines.sim.hardware import ProfileSpec
+from prefill_tuner.errors import TunerError
+from prefill_tuner.study.plan import SpaceSpec, StudyPlan, TraceSpec
+from prefill_tuner.trace import ShapeOptions
+
+
+@dataclass(frozen=True)
+class Example:
+    """A class that declares its settings."""
+
+    count: Annotated[int, Field(ge=1, le=8)] = 2
+    """How many.
+
+    More words."""
+    mode: Annotated[Literal["a", "b"], Flag("--way")] = "a"
+    """Which way."""
+    wait_s: float | None = None
+    """Seconds to wait."""
+
+    def __post_init__(self) -> None:
+        check_declared(self)
+
+
+def test_a_field_declares_its_flag_bounds_choices_default_and_help() -> None:
+    settings = settings_of(Example)
+    assert settings["count"].flag == "--count"
+    assert settings["count"].bounds == {"ge": 1, "le": 8}
+    assert settings["count"].doc.startswith("How many.")
+    assert settings["mode"].flag == "--way"
+    assert settings["mode"].choices == ("a", "b")
+    assert settings["wait_s"].flag == "--wait"  # a unit suffix is not spelled in the flag
+    assert flag_name("hang_timeout_s") == "--hang-timeout"
+    assert not settings["wait_s"].checked
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"count": 0}, "`count` 0: Input should be greater than or equal to 1"),
+        ({"count": 9}, "`count` 9: Input should be less than or equal to 8"),
+        ({"mode": "c"}, "`mode` 'c': Input should be 'a' or 'b'"),
+        ({"count": True}, "`count` True: Input should be a valid integer"),
+    ],
+)
+def test_the_library_checks_what_a_field_declares(values: dict, message: str) -> None:
+    with pytest.raises(TunerError) as caught:
+        Example(**values)
+    assert str(caught.value) == message
+    assert Example(count=8, mode="b").count == 8
+
+
+def test_options_are_generated_from_the_fields() -> None:
+    """The flag, the parser's type and range, the default and the help all come from the
+    field."""
+    params = {p.name: p for p in group(Example, ("count", "mode", "wait_s")).params}
+    count = params["count"].annotation
+    assert typing.get_args(count)[0] is int
+    info = typing.get_args(count)[1]
+    assert (info.param_decls or (info.default,))[0] == "--count" or info.default == "--count"
+    assert (info.min, info.max) == (1, 8)
+    assert info.help == "How many."
+    assert params["count"].default == 2
+    assert typing.get_args(params["mode"].annotation)[0] is str  # the library checks a choice
+    assert typing.get_args(params["wait_s"].annotation)[0] == float | None
+
+
+def _declared_by(annotation: object) -> tuple[type, str] | None:
+    extras = typing.get_args(annotation)[1:] if typing.get_origin(annotation) is Annotated else ()
+    infos = [e for e in extras if isinstance(e, typer.models.OptionInfo)]
+    return getattr(infos[0], "declared_by", None) if infos else None
+
+
+def _spelled() -> list[tuple[str, object]]:
+    """Every option type a command module spells with a generated option: the aliases of
+    ``cli/options.py`` and ``tune run``'s own parameters."""
+    found = [(name, value) for name, value in vars(options).items() if _declared_by(value)]
+    signature = inspect.signature(run_cmd.run_command, eval_str=True)
+    found += [(p.name, p.annotation) for p in signature.parameters.values()]
+    return [(name, value) for name, value in found if _declared_by(value)]
+
+
+@pytest.mark.parametrize(("name", "alias"), _spelled(), ids=lambda x: str(x)[:40])
+def test_a_hand_spelled_option_type_is_its_fields(name: str, alias: object) -> None:
+    """Where a command spells an option's type itself (the type checker reads it there), it
+    is the type the field gives the parser, optional or not (a command may require what the
+    library defaults, or leave out what the library fills in)."""
+    cls, field = _declared_by(alias)  # type: ignore[misc]
+    assert _given(typing.get_args(alias)[0]) == _given(cli_type(settings_of(cls)[field])), name
+
+
+def _given(kind: object) -> set[object]:
+    return set(union_members(kind)) - {type(None)}
+
+
+def test_the_spelled_options_are_found() -> None:
+    names = {name for name, _ in _spelled()}
+    assert {"TrialsOpt", "SeedOpt", "StorageOpt", "objective", "sampler"} <= names
+
+
+@pytest.mark.parametrize(
+    "cls", [StudyPlan, SpaceSpec, TraceSpec, ShapeOptions, EngineOptions, ProfileSpec]
+)
+def test_messages_name_a_field_by_the_flag_it_declares(cls: type) -> None:
+    """``FLAGS`` (which writes a library message's fields as flags) agrees with every
+    declaration."""
+    for name, setting in settings_of(cls).items():
+        if name in FLAGS:
+            assert FLAGS[name] == setting.flag, (cls.__name__, name)
+
+
+def test_hardware_bounds_hold_in_the_library_not_only_on_the_command_line() -> None:
+    with pytest.raises(TunerError, match="`tp` 0: Input should be greater than or equal to 1"):
+        ProfileSpec(gpu="h100_sxm", tp=0)
+    with pytest.raises(TunerError, match="`dtype` 'fp4'"):
+        ProfileSpec(gpu="h100_sxm", dtype="fp4")  # type: ignore[arg-type]
