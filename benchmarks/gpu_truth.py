@@ -14,10 +14,12 @@ vLLM's default from 0.14.0, ``async_scheduling_default``), ``--per-slot`` reques
 (10: the load generator's count is not recorded), all of them ready at the start, as a load
 generator sends them. Nothing is fitted to the rows.
 
-Prints each row's simulated and measured means, the error ``simulated / measured − 1``, and
-how many requests the simulation prefilled together per prefill step (a lockstep wave of the
-whole concurrency shows as its budget-bound group), then the median and 90th percentile of
-``|error|`` for TTFT and TPOT, overall, by TP and by prompt length, and the worst rows.
+Prints each row's simulated and measured means, the error ``simulated / measured − 1``, how
+many requests the simulation prefilled together per prefill step (a lockstep wave of the
+whole concurrency shows as its budget-bound group), and the simulated mean TTFT of the first
+wave (the ``batch`` requests sent at the start) and of the rest, then the median and 90th
+percentile of ``|error|`` for TTFT and TPOT, overall, by TP and by prompt length, and the
+worst rows.
 ``--path`` sets request-path terms of the profiles (``request_interval_ms=5,
 response_output_us=100``; ``docs/simulator.md``, "A request's life"): an experiment, to see
 what each moves; the shipped profiles have none (0 until calibrated on a server).
@@ -75,6 +77,10 @@ class Compared:
     tpot_ms: float
     together: float
     """Requests prefilling per prefill step, on average over the simulated steps that did."""
+    first_wave_ms: float = math.nan
+    """Mean TTFT of the first ``batch`` requests (all sent at the start)."""
+    later_ms: float = math.nan
+    """Mean TTFT of the rest (sent as earlier ones finished)."""
 
     @property
     def ttft_error(self) -> float:
@@ -138,11 +144,16 @@ def replay(
         on_step=lambda step: together.append(len(step.scheduled) - step.decode_tokens),
     )
     metrics, prefilling = result.metrics, [count for count in together if count]
+    ttft = {int(r.id): r.token_times_s[0] - r.sent_s for r in result.records if r.completed}
+    first = [t for i, t in ttft.items() if i < row.batch]
+    later = [t for i, t in ttft.items() if i >= row.batch]
     return Compared(
         row,
         1000 * metrics.ttft_s["mean"],
         1000 * metrics.tpot_s["mean"],
         float(np.mean(prefilling)) if prefilling else 0.0,
+        1000 * float(np.mean(first)) if first else math.nan,
+        1000 * float(np.mean(later)) if later else math.nan,
     )
 
 
@@ -180,12 +191,16 @@ def main() -> int:
         path = {term: float(value) for term, value in terms.items()}
     models = args.truth.parent / "models"
     compared = [replay(row, models, args.per_slot, path, args.vary_lengths) for row in rows]
-    print("| run | TTFT sim / real ms | error | TPOT sim / real ms | error | together |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| run | TTFT sim / real ms | error | TPOT sim / real ms | error | together "
+        "| TTFT first wave / later ms |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for c in compared:
         print(
             f"| {c.row.label()} | {c.ttft_ms:.1f} / {c.row.ttft_ms:.1f} | {c.ttft_error:+.0%} "
-            f"| {c.tpot_ms:.2f} / {c.row.tpot_ms:.2f} | {c.tpot_error:+.0%} | {c.together:.1f} |"
+            f"| {c.tpot_ms:.2f} / {c.row.tpot_ms:.2f} | {c.tpot_error:+.0%} | {c.together:.1f} "
+            f"| {c.first_wave_ms:.0f} / {c.later_ms:.0f} |"
         )
     print()
     print(f"TTFT |error|: {_stats([c.ttft_error for c in compared])} ({len(compared)} runs)")
