@@ -1,4 +1,6 @@
-"""The scheduler knobs the tuner searches, as vLLM names them, with sensible default ranges.
+"""The scheduler knobs the tuner searches, as vLLM names them, with sensible default ranges:
+each declared once, as a field of :class:`~prefill_tuner.search_spaces.settings.EngineSettings`
+with a ``Searched`` marker (the V0 engine's two, which no simulated engine has, here).
 
 Every knob is a ``vllm serve`` flag. Numeric knobs are searched on a log scale (their effect
 is multiplicative). Which knobs a given engine honours is decided in
@@ -12,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Literal
+
+from prefill_tuner.search_spaces.settings import searched_settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +40,12 @@ class Knob:
     there."""
     removed_by: str = ""
     """The upstream change that removed it (``vllm-project/vllm#49244``), for the reason shown."""
+    label: str = ""
+    """Its short column name in tables (:attr:`Searched.label`)."""
+    added_in: str | None = None
+    """The first vLLM release with the flag (``None``: every release the tuner knows)."""
+    restart: bool = True
+    """Whether a server must restart to change it."""
 
     @property
     def flag(self) -> str:
@@ -49,64 +59,53 @@ merged July 2026) in 0.27.0: present in 0.26.0, gone from 0.27.0 (a serve-flag c
 parser (checked here). Every V1 engine ignored them before that (they were V0's)."""
 PARTIAL_PREFILLS_REMOVED_BY = "vllm-project/vllm#49244"
 
+_V0_KNOBS = (
+    Knob(
+        "max_num_partial_prefills",
+        "int",
+        1,
+        8,
+        "Prompts prefilled concurrently (V0 engine).",
+        v0_only=True,
+        removed_in=PARTIAL_PREFILLS_REMOVED_IN,
+        removed_by=PARTIAL_PREFILLS_REMOVED_BY,
+        label="partial",
+    ),
+    Knob(
+        "max_long_partial_prefills",
+        "int",
+        1,
+        8,
+        "Long prompts prefilled concurrently (V0 engine).",
+        v0_only=True,
+        removed_in=PARTIAL_PREFILLS_REMOVED_IN,
+        removed_by=PARTIAL_PREFILLS_REMOVED_BY,
+        label="long p.",
+    ),
+)
+"""Knobs of vLLM's V0 engine, which no engine the simulator mirrors honours (so they are no
+:class:`EngineSettings` field): searched only on a real V0 server that has them."""
+
 KNOBS: dict[str, Knob] = {
-    knob.name: knob
-    for knob in (
-        Knob(
-            "max_num_batched_tokens",
-            "int",
-            256,
-            16384,
-            "Token budget per step: small smooths decode latency, large speeds prefill.",
-        ),
-        Knob("max_num_seqs", "int", 8, 1024, "Most requests running at once."),
-        Knob(
-            "enable_chunked_prefill",
-            "bool",
-            description="Split long prompts over steps under the token budget.",
-        ),
-        Knob(
-            "long_prefill_token_threshold",
-            "threshold",
-            64,
-            8192,
-            "Per-request, per-step prefill cap (0 = off): stops one prompt taking the step.",
-        ),
-        Knob(
-            "scheduler_reserve_full_isl",
-            "bool",
-            description="Admit only when the whole prompt fits in free KV blocks.",
-        ),
-        Knob(
-            "async_scheduling",
-            "bool",
-            description="Schedule the next step while one runs: hides host time from TPOT, "
-            "admits arrivals a step later (TTFT). Measured, not searched unless asked "
-            "(docs/simulator.md).",
-            searched_by_default=False,
-        ),
-        Knob(
-            "max_num_partial_prefills",
-            "int",
-            1,
-            8,
-            "Prompts prefilled concurrently (V0 engine).",
-            v0_only=True,
-            removed_in=PARTIAL_PREFILLS_REMOVED_IN,
-            removed_by=PARTIAL_PREFILLS_REMOVED_BY,
-        ),
-        Knob(
-            "max_long_partial_prefills",
-            "int",
-            1,
-            8,
-            "Long prompts prefilled concurrently (V0 engine).",
-            v0_only=True,
-            removed_in=PARTIAL_PREFILLS_REMOVED_IN,
-            removed_by=PARTIAL_PREFILLS_REMOVED_BY,
-        ),
-    )
+    **{
+        name: Knob(
+            name,
+            marker.kind,
+            marker.low,
+            marker.high,
+            marker.effect,
+            searched_by_default=marker.searched_by_default,
+            label=marker.label,
+            added_in=marker.added_in,
+            restart=marker.restart,
+        )
+        for name, marker in searched_settings().items()
+    },
+    **{knob.name: knob for knob in _V0_KNOBS},
 }
+"""Every knob the tuner searches, in the order tables show them: the searched fields of
+:class:`~prefill_tuner.search_spaces.settings.EngineSettings` (declared there, once), then the
+V0 engine's."""
 
 
 def release(version: str) -> tuple[int, int, int] | None:

@@ -265,13 +265,22 @@ def _log2_floor(value: int) -> int:
 
 
 def knob_removed(knob: Knob, capabilities: EngineCapabilities) -> str | None:
-    """Why a vLLM server of this version must never get the knob (it was removed upstream and
-    the server refuses the flag), else ``None`` (not removed, not vLLM, or a version that
-    cannot be read, which the probed flags then decide)."""
-    if knob.removed_in is None or capabilities.engine != "vllm":
+    """Why a vLLM server of this version must never get the knob (it was removed upstream, or
+    it came in a later release: the server refuses the flag), else ``None`` (a release that
+    has it, not vLLM, or a version that cannot be read, which the probed flags then decide)."""
+    if capabilities.engine != "vllm":
         return None
-    running, removed = release(capabilities.version), release(knob.removed_in)
-    if running is None or removed is None or running < removed:
+    running = release(capabilities.version)
+    if running is None:
+        return None
+    added = release(knob.added_in) if knob.added_in else None
+    if added is not None and running < added:
+        return (
+            f"added to vLLM in {knob.added_in}: vLLM {capabilities.version} refuses "
+            f"{knob.flag} and does not start"
+        )
+    removed = release(knob.removed_in) if knob.removed_in else None
+    if removed is None or running < removed:
         return None
     by = f" ({knob.removed_by})" if knob.removed_by else ""
     return (

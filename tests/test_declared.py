@@ -4,6 +4,7 @@ a value comes from."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import typing
 from dataclasses import dataclass
@@ -18,9 +19,14 @@ from prefill_tuner.cli.declared_options import cli_type, group
 from prefill_tuner.cli.fields import FLAGS
 from prefill_tuner.declared import Flag, check_declared, flag_name, settings_of, union_members
 from prefill_tuner.engines.factory import EngineOptions
+from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.errors import TunerError
+from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.search_spaces.settings import EngineSettings, searched_settings
+from prefill_tuner.search_spaces.space import EngineCapabilities, knob_removed
 from prefill_tuner.study.plan import SpaceSpec, StudyPlan, TraceSpec
+from prefill_tuner.study.summary import COLUMNS
 from prefill_tuner.trace import ShapeOptions
 
 
@@ -133,3 +139,32 @@ def test_hardware_bounds_hold_in_the_library_not_only_on_the_command_line() -> N
         ProfileSpec(gpu="h100_sxm", tp=0)
     with pytest.raises(TunerError, match="`dtype` 'fp4'"):
         ProfileSpec(gpu="h100_sxm", dtype="fp4")  # type: ignore[arg-type]
+
+
+def test_a_knob_is_declared_once_as_an_engine_setting() -> None:
+    """Every knob the simulator's engine has is an ``EngineSettings`` field marked
+    ``Searched``: the search's knob, the simulator's config field (type, default, vLLM's
+    bounds) and the table's label all come from it; its search range is within the values
+    vLLM accepts."""
+    searched = searched_settings()
+    engine_knobs = [name for name, knob in KNOBS.items() if not knob.v0_only]
+    assert engine_knobs == list(searched)
+    for name in engine_knobs:
+        assert name in SimConfig.model_fields
+        knob, bounds = KNOBS[name], settings_of(EngineSettings)[name].bounds
+        assert knob.label == searched[name].label == COLUMNS[name]
+        if knob.kind != "bool":
+            assert bounds.get("ge", 0) <= knob.low <= knob.high, name
+    labels = [knob.label for knob in KNOBS.values()]
+    assert len(set(labels)) == len(labels) and max(map(len, labels)) <= 8
+
+
+def test_a_knob_newer_than_the_server_is_never_given_to_it() -> None:
+    """The releases a knob's declaration names decide which servers get it: one added after
+    the server's release is refused as one removed before it is."""
+    newer = dataclasses.replace(KNOBS["max_num_seqs"], added_in="0.33.0")
+    old = EngineCapabilities(engine="vllm", version="0.32.0")
+    why = knob_removed(newer, old)
+    assert why is not None and why.startswith("added to vLLM in 0.33.0")
+    assert knob_removed(newer, dataclasses.replace(old, version="0.33.1")) is None
+    assert knob_removed(KNOBS["max_num_seqs"], old) is None

@@ -267,17 +267,9 @@ def cut_short_record(trial: TrialRecord) -> dict[str, Any]:
     return dict(((trial.metrics or {}).get("details") or {}).get("cut_short") or {})
 
 
-COLUMNS = {
-    "max_num_batched_tokens": "tokens",
-    "max_num_seqs": "seqs",
-    "enable_chunked_prefill": "chunked",
-    "long_prefill_token_threshold": "thresh.",
-    "scheduler_reserve_full_isl": "reserve",
-    "async_scheduling": "async",
-    "max_num_partial_prefills": "partial",
-    "max_long_partial_prefills": "long p.",
-}
-"""Short column names, so the table fits 80 columns; a legend under it gives the flags."""
+COLUMNS = {name: knob.label or name for name, knob in KNOBS.items()}
+"""Short column names, so the table fits 80 columns; a legend under it gives the flags (each
+knob's label is declared with it: ``search_spaces/settings.py``)."""
 
 
 def knob_cells(settings: dict[str, Any], knobs: Sequence[str]) -> list[str]:

@@ -9,52 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import ConfigDict, ValidationError, create_model, model_validator
 
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.knobs import release
 from prefill_tuner.search_spaces.rules import first_broken
-
-MAX_GPU_BLOCKS = 2**24
-"""The simulator keeps a few words per KV block: 16.7M blocks (about 1 GB) is more than any
-GPU holds (an H200 holds about 1.1M tokens of Llama-3.1-8B's KV cache)."""
+from prefill_tuner.search_spaces.settings import EngineSettings
 
 
-class SimConfig(BaseModel):
-    """Scheduler and KV-cache settings of one simulated engine (vLLM V1 semantics)."""
-
-    # Each field's docstring is its description: `tune simulate --help` shows it.
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-    max_num_batched_tokens: int = Field(default=8192, ge=1)
-    """Token budget of one step (vLLM's default for ``vllm serve`` on H100-class GPUs)."""
-    max_num_seqs: int = Field(default=1024, ge=1)
-    """Most requests running at once."""
-    max_model_len: int = Field(default=131072, ge=2)
-    """Context length: a request's prompt plus output must fit (longer ones are rejected)."""
-    enable_chunked_prefill: bool = True
-    """Split prompts over steps; off, a prompt that does not fit the remaining budget waits."""
-    long_prefill_token_threshold: int = Field(default=0, ge=0)
-    """Per-request, per-step token cap for prefills (0 = off). Ignored with one request."""
-    long_prefill_token_threshold_adaptive: bool = False
-    """Raise the cap to ``max_num_batched_tokens // (running + waiting)`` when that is larger."""
-    scheduler_reserve_full_isl: bool = True
-    """Admit a request only if its whole current sequence fits in free KV blocks."""
-    watermark: float = Field(default=0.0, ge=0.0, lt=1.0)
-    """Share of KV blocks kept free when admitting while other requests run."""
-    block_size: int = Field(default=16, ge=1)
-    """Tokens per KV cache block (16 on GPU, 128 on CPU); not a trace's ``block_size``, the
-    tokens per prefix-hash block of its ``hash_ids``."""
-    num_gpu_blocks: int = Field(default=32768, ge=2, le=MAX_GPU_BLOCKS)
-    """KV blocks in the pool, including the one vLLM reserves (usable: ``num_gpu_blocks - 1``)."""
-    enable_prefix_caching: bool = True
-    """Reuse the KV blocks of identical full prompt blocks across requests."""
-    async_scheduling: bool = True
-    """Schedule the next step while the current one runs (vLLM's default on GPU since 0.14.0,
-    :func:`async_scheduling_default`; vLLM turns it off on CPU): a finished request frees its
-    slot and KV blocks one step later, and the host's scheduling time hides behind the step
-    in flight."""
+class SimConfig(EngineSettings):
+    """Scheduler and KV-cache settings of one simulated engine (vLLM V1 semantics): vLLM's
+    settings as :class:`EngineSettings` declares them, checked together as vLLM checks them."""
 
     @model_validator(mode="after")
     def _mirror_vllm_validation(self) -> SimConfig:

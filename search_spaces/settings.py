@@ -1,0 +1,135 @@
+"""vLLM's engine settings the tuner knows, each declared once, as vLLM's own config classes
+declare theirs: a field's type, vLLM's default, the values vLLM accepts and its docstring
+(what it does; ``tune simulate --help`` shows it), and for a knob the tuner searches a
+:class:`Searched` marker: how it is searched, its short label in tables, and the vLLM releases
+that have it.
+
+Everything else reads these: :data:`~prefill_tuner.search_spaces.knobs.KNOBS` (what is
+searched) is made of the marked fields; the simulator's config
+(:class:`~prefill_tuner.engines.sim.config.SimConfig`) is this model with vLLM's checks between
+the fields (:mod:`prefill_tuner.search_spaces.rules`); a serve line and a ``--config`` YAML
+render a field by its name (:mod:`prefill_tuner.search_spaces.render`). The scheduler's rule for
+a knob is written once, in ``engines/sim/scheduler.py`` beside vLLM's; the fast path
+(``engines/sim/steady_runs.py``) is checked against it by ``tests/test_sim_engine.py``.
+
+Every setting vLLM reads at start-up: changing any of them means a new server
+(:attr:`Searched.restart`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_GPU_BLOCKS = 2**24
+"""The simulator keeps a few words per KV block: 16.7M blocks (about 1 GB) is more than any
+GPU holds (an H200 holds about 1.1M tokens of Llama-3.1-8B's KV cache)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Searched:
+    """How the tuner searches a setting (in the field's ``Annotated``)."""
+
+    kind: Literal["int", "bool", "threshold"]
+    """``int``: log-scale integer; ``bool``: on/off; ``threshold``: 0 (off) or a log-scale
+    integer (searched as one ordered parameter whose lowest value means off)."""
+    label: str
+    """Its short column name in tables (they fit 80 columns; a legend gives the flags)."""
+    effect: str
+    """Why it is searched: what moving it does to latency."""
+    low: int = 0
+    high: int = 0
+    """The default range (``int`` and ``threshold``)."""
+    searched_by_default: bool = True
+    """False: searched only when ``--space`` names it (its engine default stands otherwise)."""
+    added_in: str | None = None
+    """The first vLLM release with the flag (``None``: every release the tuner knows)."""
+    restart: bool = True
+    """Whether a server must restart to change it (every scheduler setting is read at
+    start-up)."""
+
+
+class EngineSettings(BaseModel):
+    """Scheduler and KV-cache settings of one vLLM engine (V1 semantics), by vLLM's names."""
+
+    # Each field's docstring is its description: `tune simulate --help` shows it.
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    max_num_batched_tokens: Annotated[
+        int,
+        Field(ge=1),
+        Searched(
+            "int",
+            "tokens",
+            "Token budget per step: small smooths decode latency, large speeds prefill.",
+            256,
+            16384,
+        ),
+    ] = 8192
+    """Token budget of one step (vLLM's default for ``vllm serve`` on H100-class GPUs)."""
+    max_num_seqs: Annotated[
+        int, Field(ge=1), Searched("int", "seqs", "Most requests running at once.", 8, 1024)
+    ] = 1024
+    """Most requests running at once."""
+    max_model_len: int = Field(default=131072, ge=2)
+    """Context length: a request's prompt plus output must fit (longer ones are rejected)."""
+    enable_chunked_prefill: Annotated[
+        bool,
+        Searched("bool", "chunked", "Split long prompts over steps under the token budget."),
+    ] = True
+    """Split prompts over steps; off, a prompt that does not fit the remaining budget waits."""
+    long_prefill_token_threshold: Annotated[
+        int,
+        Field(ge=0),
+        Searched(
+            "threshold",
+            "thresh.",
+            "Per-request, per-step prefill cap (0 = off): stops one prompt taking the step.",
+            64,
+            8192,
+        ),
+    ] = 0
+    """Per-request, per-step token cap for prefills (0 = off). Ignored with one request."""
+    long_prefill_token_threshold_adaptive: bool = False
+    """Raise the cap to ``max_num_batched_tokens // (running + waiting)`` when that is larger."""
+    scheduler_reserve_full_isl: Annotated[
+        bool,
+        Searched("bool", "reserve", "Admit only when the whole prompt fits in free KV blocks."),
+    ] = True
+    """Admit a request only if its whole current sequence fits in free KV blocks."""
+    watermark: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of KV blocks kept free when admitting while other requests run."""
+    block_size: int = Field(default=16, ge=1)
+    """Tokens per KV cache block (16 on GPU, 128 on CPU); not a trace's ``block_size``, the
+    tokens per prefix-hash block of its ``hash_ids``."""
+    num_gpu_blocks: int = Field(default=32768, ge=2, le=MAX_GPU_BLOCKS)
+    """KV blocks in the pool, including the one vLLM reserves (usable: ``num_gpu_blocks - 1``)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV blocks of identical full prompt blocks across requests."""
+    async_scheduling: Annotated[
+        bool,
+        Searched(
+            "bool",
+            "async",
+            "Schedule the next step while one runs: hides host time from TPOT, admits "
+            "arrivals a step later (TTFT). Measured, not searched unless asked "
+            "(docs/simulator.md).",
+            searched_by_default=False,
+        ),
+    ] = True
+    """Schedule the next step while the current one runs (vLLM's default on GPU since 0.14.0,
+    :func:`~prefill_tuner.engines.sim.config.async_scheduling_default`; vLLM turns it off on
+    CPU): a finished request frees its slot and KV blocks one step later, and the host's
+    scheduling time hides behind the step in flight."""
+
+
+def searched_settings() -> dict[str, Searched]:
+    """Each searched field of :class:`EngineSettings`, in declaration order, with its marker."""
+    found: dict[str, Searched] = {}
+    for name, field in EngineSettings.model_fields.items():
+        marker = next((item for item in field.metadata if isinstance(item, Searched)), None)
+        if marker is not None:
+            found[name] = marker
+    return found
