@@ -14,7 +14,7 @@ import pytest
 import typer
 from pydantic import Field
 
-from prefill_tuner.cli import options, run_cmd
+from prefill_tuner.cli import nightly_cmd, options, plan_cmd, run_cmd
 from prefill_tuner.cli.declared_options import cli_type, group
 from prefill_tuner.cli.fields import FLAGS
 from prefill_tuner.declared import Flag, check_declared, flag_name, settings_of, union_members
@@ -22,6 +22,7 @@ from prefill_tuner.engines.factory import EngineOptions
 from prefill_tuner.engines.sim.config import SimConfig
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.errors import TunerError
+from prefill_tuner.nightly.job import NightlyJob
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.settings import EngineSettings, searched_settings
 from prefill_tuner.search_spaces.space import EngineCapabilities, knob_removed
@@ -100,8 +101,9 @@ def _spelled() -> list[tuple[str, object]]:
     """Every option type a command module spells with a generated option: the aliases of
     ``cli/options.py`` and ``tune run``'s own parameters."""
     found = [(name, value) for name, value in vars(options).items() if _declared_by(value)]
-    signature = inspect.signature(run_cmd.run_command, eval_str=True)
-    found += [(p.name, p.annotation) for p in signature.parameters.values()]
+    for command in (run_cmd.run_command, nightly_cmd.nightly_command, plan_cmd.plan_command):
+        signature = inspect.signature(command, eval_str=True)
+        found += [(p.name, p.annotation) for p in signature.parameters.values()]
     return [(name, value) for name, value in found if _declared_by(value)]
 
 
@@ -120,11 +122,11 @@ def _given(kind: object) -> set[object]:
 
 def test_the_spelled_options_are_found() -> None:
     names = {name for name, _ in _spelled()}
-    assert {"TrialsOpt", "SeedOpt", "StorageOpt", "objective", "sampler"} <= names
+    assert {"TrialsOpt", "SeedOpt", "StorageOpt", "objective", "repeats", "deadline"} <= names
 
 
 @pytest.mark.parametrize(
-    "cls", [StudyPlan, SpaceSpec, TraceSpec, ShapeOptions, EngineOptions, ProfileSpec]
+    "cls", [StudyPlan, SpaceSpec, TraceSpec, ShapeOptions, EngineOptions, ProfileSpec, NightlyJob]
 )
 def test_messages_name_a_field_by_the_flag_it_declares(cls: type) -> None:
     """``FLAGS`` (which writes a library message's fields as flags) agrees with every

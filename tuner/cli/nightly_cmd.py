@@ -12,16 +12,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from prefill_tuner import defaults, exit_codes
+from prefill_tuner.cli.declared_options import option
 from prefill_tuner.cli.display import (
     ProgressDisplay,
     error_console,
     print_study_header,
     quiet_optuna,
 )
-from prefill_tuner.cli.fields import help_of, with_flags
+from prefill_tuner.cli.fields import with_flags
 from prefill_tuner.cli.options import (
     ENGINE,
-    MAX_TRIALS,
     SPACE,
     TRACE,
     ErrorBudgetOpt,
@@ -41,58 +41,23 @@ from prefill_tuner.nightly.job import NightlyJob
 from prefill_tuner.nightly.retune import NightlyOutcome, retune
 from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study.plan import SpaceSpec, build_plan
+from prefill_tuner.study.plan import SpaceSpec, StudyPlan, build_plan
 from prefill_tuner.study.run import baseline_outside
-
-
-def _job(field: str) -> str:
-    return help_of(NightlyJob, field)
 
 
 @with_options(engine=ENGINE, trace=TRACE, space=SPACE)
 def nightly_command(
-    study: Annotated[
-        str,
-        typer.Option("--study", help=_job("family")),
-    ],
+    study: Annotated[str, option(NightlyJob, "family")],
     trace_file: Annotated[Path, typer.Option("--trace", help="Tonight's trace file.")],
     slo: SloOpt,
     storage: StorageOpt = defaults.STORAGE,
     trials: Annotated[
-        int, typer.Option("--trials", min=1, max=MAX_TRIALS, help="Trials of tonight's search.")
+        int, option(StudyPlan, "trials", help="Trials of tonight's search.")
     ] = defaults.TRIALS,
-    deadline: Annotated[
-        float | None,
-        typer.Option(
-            "--deadline",
-            min=1,
-            help=_job("deadline_s"),
-        ),
-    ] = None,
-    repeats: Annotated[
-        int,
-        typer.Option(
-            "--repeats",
-            min=1,
-            max=defaults.MAX_REPEATS,
-            help=_job("repeats"),
-        ),
-    ] = defaults.REPEATS,
-    min_gain: Annotated[
-        float,
-        typer.Option(
-            "--min-gain",
-            min=0,
-            help=_job("min_gain"),
-        ),
-    ] = defaults.MIN_GAIN,
-    report_dir: Annotated[
-        Path,
-        typer.Option(
-            "--report-dir",
-            help=_job("report_dir"),
-        ),
-    ] = defaults.REPORT_DIR,
+    deadline: Annotated[float | None, option(NightlyJob, "deadline_s")] = None,
+    repeats: Annotated[int, option(NightlyJob, "repeats")] = defaults.REPEATS,
+    min_gain: Annotated[float, option(NightlyJob, "min_gain")] = defaults.MIN_GAIN,
+    report_dir: Annotated[Path, option(NightlyJob, "report_dir")] = defaults.REPORT_DIR,
     model: ModelOpt = defaults.MODEL,
     seed: SeedOpt = 0,
     error_budget: ErrorBudgetOpt = 0.0,
@@ -100,13 +65,7 @@ def nightly_command(
     judge_window: JudgeWindowOpt = None,
     headroom: HeadroomOpt = None,
     no_report: NoReportOpt = False,
-    verify: Annotated[
-        bool,
-        typer.Option(
-            "--verify",
-            help=_job("verify"),
-        ),
-    ] = False,
+    verify: Annotated[bool, option(NightlyJob, "verify")] = False,
     *,
     engine: EngineOptions,
     trace: TraceChoice,

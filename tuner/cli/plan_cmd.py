@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from prefill_tuner import defaults, exit_codes
+from prefill_tuner.cli.declared_options import option
 from prefill_tuner.cli.display import (
     ProgressDisplay,
     error_console,
@@ -19,7 +20,6 @@ from prefill_tuner.cli.display import (
 )
 from prefill_tuner.cli.options import (
     HARDWARE,
-    MAX_TRIALS,
     SPACE,
     TRACE,
     JsonOpt,
@@ -80,10 +80,9 @@ def plan_command(
     ] = defaults.MAX_REPLICAS,
     trials: Annotated[
         int,
-        typer.Option(
-            "--trials",
-            min=1,
-            max=MAX_TRIALS,
+        option(
+            StudyPlan,
+            "trials",
             help="Trials per replica count: a count is not met when none of these meets the "
             "SLOs; the answer's study runs them all to find the best settings.",
         ),

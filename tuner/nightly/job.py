@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
 
 from prefill_tuner import defaults
+from prefill_tuner.declared import Flag, check_declared
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import check_output
@@ -18,18 +22,18 @@ class NightlyJob:
     """What ``tune nightly`` was asked to do."""
 
     # The first paragraph of a field's docstring is the help of the option that sets it.
-    family: str
+    family: Annotated[str, Flag("--study")]
     """Study family: each night is a new generation, study NAME-gN."""
     plan: StudyPlan
     """The study plan of the night (its name is replaced by the generation's)."""
     report_dir: Path
     """Where the dated report and the serve lines (DIR/STUDY/serve.sh, serve.yaml) go."""
-    repeats: int = 3
+    repeats: Annotated[int, Field(ge=1, le=defaults.MAX_REPEATS)] = defaults.REPEATS
     """Runs of the incumbent and of the challenger on tonight's trace, to tell a real gain from
     noise (1 on the deterministic simulator)."""
-    min_gain: float = defaults.MIN_GAIN
+    min_gain: Annotated[float, Field(ge=0)] = defaults.MIN_GAIN
     """Least median gain in headroom (share of the tightest SLO limit) worth a promotion."""
-    deadline_s: float | None = None
+    deadline_s: Annotated[float | None, Field(ge=1)] = None
     """Seconds the whole night may take (measurements included); the search stops starting
     trials in time to re-measure its challenger."""
     screen_profile: StepModel | None = None
@@ -45,8 +49,10 @@ class NightlyJob:
     beside them (:mod:`prefill_tuner.output.html`)."""
 
     def __post_init__(self) -> None:
-        """Where the report goes is checked before any trial runs: a night's trials must not
-        be spent on a report that cannot be written (a file, or /dev/zero, as the folder)."""
+        """Each field as declared; where the report goes is checked before any trial runs: a
+        night's trials must not be spent on a report that cannot be written (a file, or
+        /dev/zero, as the folder)."""
+        check_declared(self)
         check_report_folder(self.report_dir / self.family)
 
 
