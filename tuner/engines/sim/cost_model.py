@@ -52,6 +52,7 @@ from prefill_tuner.engines.sim.profile_base import (
     RequestPath,
 )
 from prefill_tuner.engines.sim.profile_base import Provenance as Provenance
+from prefill_tuner.engines.sim.profile_base import StepProfile as StepProfile
 from prefill_tuner.engines.sim.profile_base import StepShape as StepShape
 from prefill_tuner.engines.sim.profile_base import shape_of as shape_of
 from prefill_tuner.errors import TunerError
@@ -309,7 +310,9 @@ class FittedProfile(RequestPath):
 
 
 StepModel = ConstantProfile | FittedProfile | KernelProfile
-"""Anything the simulator can take its step times from."""
+"""Anything the simulator can take its step times from: each a :class:`StepProfile` (the type
+checker holds every kind to it here)."""
+_KINDS: tuple[type[StepProfile], ...] = (ConstantProfile, FittedProfile, KernelProfile)
 
 
 Profile = Annotated[StepModel, Field(discriminator="kind")]

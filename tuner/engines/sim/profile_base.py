@@ -1,6 +1,7 @@
-"""What every step-time profile shares: the step it is asked about (:class:`StepShape`, built
-once per simulated step by :func:`shape_of`) and the record of how it was made
-(:class:`Provenance`).
+"""What every step-time profile shares: the interface the simulator asks of it
+(:class:`StepProfile`), the step it is asked about (:class:`StepShape`, built once per
+simulated step by :func:`shape_of`), a request's path outside the steps (:class:`RequestPath`)
+and the record of how it was made (:class:`Provenance`).
 
 They live apart from :mod:`prefill_tuner.engines.sim.cost_model`, which re-exports them, so
 that a profile kind in its own package (:mod:`prefill_tuner.engines.sim.kernels`) can use them
@@ -9,10 +10,11 @@ while the cost model's union of profile kinds imports it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -72,6 +74,88 @@ def shape_of(scheduled: Iterable[tuple[int, int, bool]], requests: int) -> StepS
         prefill_attention_pairs=pairs,
         prefill_chunks=tuple(chunks),
     )
+
+
+class StepProfile(Protocol):
+    """What the simulator asks of a step-time profile: the one interface every profile kind
+    implements (``cost_model.StepModel`` lists the kinds a file or a record may hold; the type
+    checker holds each to this, and ``tests/test_conformance.py``'s suite checks each kind's
+    behaviour, as a new kind's must be).
+
+    The run methods are the fast path's: each element must be exactly the float
+    :meth:`step_seconds` gives for that step's shape (the fast-forward's exactness rests on
+    it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def engine_defaults(self) -> dict[str, int | float | bool]:
+        """Engine settings the hardware implies (``num_gpu_blocks``, ``block_size``)."""
+        ...
+
+    @property
+    def serve_args(self) -> tuple[str, ...]:
+        """The ``vllm serve`` flags of the machine the profile stands for."""
+        ...
+
+    @property
+    def request_latency_s(self) -> float: ...
+    @property
+    def request_interval_s(self) -> float: ...
+    @property
+    def request_token_s(self) -> float: ...
+    @property
+    def response_latency_s(self) -> float: ...
+    @property
+    def response_output_s(self) -> float:
+        """The request path's terms in seconds (:class:`RequestPath`)."""
+        ...
+
+    def step_seconds(self, shape: StepShape) -> float:
+        """How long a step of this shape takes."""
+        ...
+
+    def host_seconds(self, requests: int) -> float:
+        """Of a step's time, what the host spends outside the device."""
+        ...
+
+    def decode_run_seconds(self, requests: int, first_context: int, steps: int) -> np.ndarray:
+        """Durations of ``steps`` consecutive plain decode steps of ``requests`` requests whose
+        contexts sum to ``first_context`` in the first step and grow by one token each step."""
+        ...
+
+    def decode_steps_seconds(self, requests: int, first_context: int, steps: int) -> list[float]:
+        """:meth:`decode_run_seconds` as a list (cheaper for a few steps)."""
+        ...
+
+    def chunk_run_seconds(
+        self,
+        decodes: int,
+        requests: int,
+        decode_context: int,
+        chunks: Sequence[tuple[int, int]],
+        steps: int,
+    ) -> np.ndarray:
+        """Durations of ``steps`` consecutive steps of ``decodes`` decodes beside the prefill
+        ``chunks`` ``(tokens computed before, tokens)``, each after one more chunk per step."""
+        ...
+
+    def chunk_steps_seconds(
+        self,
+        decodes: int,
+        requests: int,
+        decode_context: int,
+        chunks: Sequence[tuple[int, int]],
+        steps: int,
+    ) -> list[float]:
+        """:meth:`chunk_run_seconds` as a list (cheaper for a few steps)."""
+        ...
+
+    def prefill_work_seconds(self, tokens: int, pairs: int) -> float:
+        """A lower bound of the device time any schedule spends prefilling ``tokens`` tokens
+        with ``pairs`` query-key pairs, additive over requests and chunks."""
+        ...
 
 
 MAX_PART_MS = 60_000.0
