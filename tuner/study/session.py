@@ -30,7 +30,8 @@ from prefill_tuner.study.headroom import check_headroom, rule_key
 from prefill_tuner.study.infeasibility import latency_floor, rate_headroom
 from prefill_tuner.study.plan import StudyPlan
 from prefill_tuner.study.recommend import references
-from prefill_tuner.study.run import StudyProgress, open_study, run_study, running
+from prefill_tuner.study.run import StudyProgress, open_study, run_study
+from prefill_tuner.study.runners import running
 from prefill_tuner.study.screening import give_profile, run_screened_study, stand_in
 from prefill_tuner.study.summary import StudySummary, summarize_stored
 from prefill_tuner.worker.definition import definition_of

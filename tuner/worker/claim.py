@@ -30,7 +30,8 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from prefill_tuner.study.budget import ADMITTED_ATTR
-from prefill_tuner.study.run import WORKER_ATTR, enqueue_baseline, enqueue_rule_trials, make_sampler
+from prefill_tuner.study.run import enqueue_baseline, enqueue_rule_trials, make_sampler
+from prefill_tuner.study.runners import WORKER_ATTR
 from prefill_tuner.study.screening import (
     baseline_pending,
     enqueue_candidate,
