@@ -101,6 +101,8 @@ def _spelled() -> list[tuple[str, object]]:
     """Every option type a command module spells with a generated option: the aliases of
     ``cli/options.py`` and ``tune run``'s own parameters."""
     found = [(name, value) for name, value in vars(options).items() if _declared_by(value)]
+    for options_group in (options.STUDY, nightly_cmd.NIGHT, nightly_cmd.STUDY_OF_THE_NIGHT):
+        found += [(p.name, p.annotation) for p in options_group.params]
     for command in (run_cmd.run_command, nightly_cmd.nightly_command, plan_cmd.plan_command):
         signature = inspect.signature(command, eval_str=True)
         found += [(p.name, p.annotation) for p in signature.parameters.values()]
@@ -122,7 +124,8 @@ def _given(kind: object) -> set[object]:
 
 def test_the_spelled_options_are_found() -> None:
     names = {name for name, _ in _spelled()}
-    assert {"TrialsOpt", "SeedOpt", "StorageOpt", "objective", "repeats", "deadline"} <= names
+    assert {"SeedOpt", "StorageOpt", "repeats", "deadline_s"} <= names
+    assert {"slos", "objective_mode", "trials", "headroom_check"} <= names  # tune run's group
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ import optuna
 
 from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.entry import main
-from prefill_tuner.study import run as study
+from prefill_tuner.study import runners
 from prefill_tuner.worker import loop
 
 
@@ -70,7 +70,7 @@ def signal_again_during_clean_up(signum: int) -> None:
         return wrapper
 
     loop.give_up = again(loop.give_up)  # type: ignore[assignment]
-    study.requeue = again(study.requeue)  # type: ignore[assignment]
+    runners.requeue = again(runners.requeue)  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

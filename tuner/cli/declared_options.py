@@ -2,9 +2,10 @@
 (:mod:`prefill_tuner.declared`): a field's flag, type, default, range and help are read from
 the field, never written again here.
 
-:func:`option` gives one option (``TrialsOpt = option(StudyPlan, "trials")``); :func:`group`
-gives the options that together build one object, passed to a command as one parameter
-(:class:`OptionGroup`, expanded by ``options.with_options``).
+:func:`option` gives one option (``SeedOpt = Annotated[int, option(StudyPlan, "seed")]``);
+:func:`group` gives the options that together build one object, passed to a command as one
+parameter (:class:`OptionGroup`, expanded by ``options.with_options``; ``options.study_options``
+builds :func:`~prefill_tuner.study.plan.build_plan`'s keywords from :class:`StudyPlan`'s).
 """
 
 from __future__ import annotations
@@ -49,14 +50,22 @@ def option(cls: type, field: str, *, panel: str | None = None, **extra: Any) -> 
     return info
 
 
-def param(cls: type, field: str, *, panel: str | None = None, **extra: Any) -> inspect.Parameter:
-    """``field``'s option as a keyword parameter named as the field, defaulting as it does."""
+def param(
+    cls: type, field: str, *, panel: str | None = None, optional: bool = False, **extra: Any
+) -> inspect.Parameter:
+    """``field``'s option as a keyword parameter named as the field, defaulting as it does (a
+    field without a default: a required option, or with ``optional`` one the library fills
+    in when left out, as a study's name)."""
     setting = settings_of(cls)[field]
+    kind = cli_type(setting)
+    default = setting.info.get_default(call_default_factory=True)
+    if setting.info.is_required():
+        default, kind = (None, kind | None) if optional else (inspect.Parameter.empty, kind)
     return inspect.Parameter(
         field,
         inspect.Parameter.KEYWORD_ONLY,
-        annotation=Annotated[cli_type(setting), option(cls, field, panel=panel, **extra)],
-        default=setting.info.get_default(call_default_factory=True),
+        annotation=Annotated[kind, option(cls, field, panel=panel, **extra)],
+        default=default,
     )
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from prefill_tuner import defaults, exit_codes
-from prefill_tuner.cli.declared_options import option
+from prefill_tuner import exit_codes
+from prefill_tuner.cli.declared_options import group
 from prefill_tuner.cli.display import (
     ProgressDisplay,
     error_console,
@@ -24,16 +24,9 @@ from prefill_tuner.cli.options import (
     ENGINE,
     SPACE,
     TRACE,
-    ErrorBudgetOpt,
-    HeadroomOpt,
-    JudgeWindowOpt,
-    ModelOpt,
     NoReportOpt,
-    ScreenOpt,
-    SeedOpt,
-    SloOpt,
-    StorageOpt,
     TraceChoice,
+    study_options,
     with_options,
 )
 from prefill_tuner.engines.factory import EngineOptions, build_engine, given_profile, serving
@@ -41,32 +34,37 @@ from prefill_tuner.nightly.job import NightlyJob
 from prefill_tuner.nightly.retune import NightlyOutcome, retune
 from prefill_tuner.stopping import stop_signals
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study.plan import SpaceSpec, StudyPlan, build_plan
+from prefill_tuner.study.plan import SpaceSpec, build_plan
 from prefill_tuner.study.run import baseline_outside
 
+NIGHT = group(
+    NightlyJob,
+    ("family", "deadline_s", "repeats", "min_gain", "report_dir", "verify"),
+    panel="Night",
+    build=lambda **values: values,
+)
+"""The night's own options (:class:`NightlyJob`'s fields)."""
+STUDY_OF_THE_NIGHT = study_options(
+    "slos",
+    "storage_url",
+    "trials",
+    "model",
+    "seed",
+    "error_budget",
+    "screen_trials",
+    "judge_windows",
+    "headroom",
+    trials={"help": "Trials of tonight's search."},
+)
 
-@with_options(engine=ENGINE, trace=TRACE, space=SPACE)
+
+@with_options(night=NIGHT, study=STUDY_OF_THE_NIGHT, engine=ENGINE, trace=TRACE, space=SPACE)
 def nightly_command(
-    study: Annotated[str, option(NightlyJob, "family")],
     trace_file: Annotated[Path, typer.Option("--trace", help="Tonight's trace file.")],
-    slo: SloOpt,
-    storage: StorageOpt = defaults.STORAGE,
-    trials: Annotated[
-        int, option(StudyPlan, "trials", help="Trials of tonight's search.")
-    ] = defaults.TRIALS,
-    deadline: Annotated[float | None, option(NightlyJob, "deadline_s")] = None,
-    repeats: Annotated[int, option(NightlyJob, "repeats")] = defaults.REPEATS,
-    min_gain: Annotated[float, option(NightlyJob, "min_gain")] = defaults.MIN_GAIN,
-    report_dir: Annotated[Path, option(NightlyJob, "report_dir")] = defaults.REPORT_DIR,
-    model: ModelOpt = defaults.MODEL,
-    seed: SeedOpt = 0,
-    error_budget: ErrorBudgetOpt = 0.0,
-    screen: ScreenOpt = 0,
-    judge_window: JudgeWindowOpt = None,
-    headroom: HeadroomOpt = None,
     no_report: NoReportOpt = False,
-    verify: Annotated[bool, option(NightlyJob, "verify")] = False,
     *,
+    night: dict[str, Any],
+    study: dict[str, Any],
     engine: EngineOptions,
     trace: TraceChoice,
     space: SpaceSpec,
@@ -75,39 +73,26 @@ def nightly_command(
     incumbent beyond noise. Exit code 0: kept; 3: promoted (new serve lines); 4: nothing
     meets the SLOs; 2: bad input; 130: interrupted."""
     err = error_console()
-    engine = serving(engine, model)
+    engine = serving(engine, study["model"])
+    storage, family = study["storage_url"], night["family"]
     with closing(build_engine(engine, space.fixed)) as trial_engine:
         plan = build_plan(
             trial_engine,
             trace.at(trace_file),
             space,
-            slos=slo,
-            name=study,
-            storage_url=storage,
-            model=engine.model,
-            trials=trials,
-            error_budget=error_budget,
-            seed=seed,
-            screen_trials=screen,
-            judge_windows=tuple(judge_window or ()),
-            headroom=headroom,
+            **{**study, "model": engine.model, "name": family},
         )
         job = NightlyJob(
-            family=study,
             plan=plan,
-            report_dir=report_dir,
-            repeats=repeats,
-            min_gain=min_gain,
-            deadline_s=deadline,
-            verify=verify,
-            screen_profile=given_profile(engine, space.fixed) if screen else None,
+            screen_profile=given_profile(engine, space.fixed) if study["screen_trials"] else None,
             html_report=not no_report,
+            **night,
         )
         store = TunerStore(storage)  # a damaged storage fails before the first trial
         outside = baseline_outside(plan, trial_engine)
         print_study_header(err, plan, str(trace_file), trial_engine, outside)
         quiet_optuna()
-        say = _sayer(err, study)
+        say = _sayer(err, family)
         try:
             verbose = trial_engine.starts_servers
             with stop_signals(err), ProgressDisplay(err, plan, verbose=verbose) as display:

@@ -23,7 +23,7 @@ from pydantic.fields import FieldInfo
 
 from prefill_tuner import defaults
 from prefill_tuner.cli.assignments import parse_assignments, parse_value
-from prefill_tuner.cli.declared_options import OptionGroup, construct, group, option
+from prefill_tuner.cli.declared_options import OptionGroup, construct, group, option, param
 from prefill_tuner.cli.fields import help_of
 from prefill_tuner.engines.factory import EngineOptions
 from prefill_tuner.engines.sim.config import SimConfig, resolve_config
@@ -38,6 +38,7 @@ from prefill_tuner.trace import ShapeOptions
 ENGINE_PANEL = "Engine"
 TRACE_PANEL = "Trace shaping"
 SPACE_PANEL = "Search space"
+STUDY_PANEL = "Study"
 
 
 # Options that stand alone ------------------------------------------------------------------
@@ -47,27 +48,17 @@ def _storage_url(url: str) -> str:
     return url
 
 
-StorageOpt = Annotated[
-    str,
-    option(
-        StudyPlan,
-        "storage_url",
-        envvar="TUNE_STORAGE",
-        callback=_storage_url,
-        help=help_of(StudyPlan, "storage_url").removesuffix(".")
-        + "; from $TUNE_STORAGE when not given, which keeps a password out of command lines "
-        "and process lists.",
-    ),
-]
+_STORAGE_EXTRA: dict[str, Any] = {
+    "envvar": "TUNE_STORAGE",
+    "callback": _storage_url,
+    "help": help_of(StudyPlan, "storage_url").removesuffix(".")
+    + "; from $TUNE_STORAGE when not given, which keeps a password out of command lines and "
+    "process lists.",
+}
+StorageOpt = Annotated[str, option(StudyPlan, "storage_url", **_STORAGE_EXTRA)]
 StudyOpt = Annotated[str | None, option(StudyPlan, "name")]
 SloOpt = Annotated[list[str], option(StudyPlan, "slos")]
-HeadroomOpt = Annotated[float | None, option(StudyPlan, "headroom")]
-HeadroomCheckOpt = Annotated[str, option(StudyPlan, "headroom_check")]
-JudgeWindowOpt = Annotated[list[str] | None, option(StudyPlan, "judge_windows")]
 SeedOpt = Annotated[int, option(StudyPlan, "seed")]
-TrialsOpt = Annotated[int, option(StudyPlan, "trials")]
-ErrorBudgetOpt = Annotated[float, option(StudyPlan, "error_budget")]
-ScreenOpt = Annotated[int, option(StudyPlan, "screen_trials")]
 
 
 def _model_name(name: str) -> str:
@@ -417,6 +408,53 @@ SIM_CONFIG = OptionGroup(
     build=_sim_settings,
 )
 """One flag per :class:`SimConfig` field (its docstring is the help), and the KV pool size."""
+
+
+def study_options(*fields: str, **extra: dict[str, Any]) -> OptionGroup:
+    """The options of :class:`StudyPlan`'s ``fields``, built into the keywords of
+    :func:`~prefill_tuner.study.plan.build_plan` (a repeated option's texts as a tuple);
+    ``extra``: by field, what its option takes besides its declaration."""
+    shared = {"storage_url": _STORAGE_EXTRA, "model": {"callback": _model_name}}
+    params = tuple(
+        param(
+            StudyPlan,
+            name,
+            panel=STUDY_PANEL,
+            optional=name == "name",
+            **{**shared.get(name, {}), **extra.get(name, {})},
+        )
+        for name in fields
+    )
+
+    def build(**values: Any) -> dict[str, Any]:
+        if "judge_windows" in values:
+            values["judge_windows"] = tuple(values["judge_windows"] or ())
+        return values
+
+    return OptionGroup(params, build)
+
+
+STUDY = study_options(
+    "slos",
+    "objective_mode",
+    "trials",
+    "model",
+    "name",
+    "storage_url",
+    "timeout_s",
+    "seed",
+    "sampler",
+    "rule_trials",
+    "error_budget",
+    "capacity_tolerance",
+    "early_abort",
+    "screen_trials",
+    "headroom",
+    "headroom_check",
+    "judge_windows",
+)
+"""``tune run``'s study options: every :class:`StudyPlan` field a user sets."""
+
 
 Command = TypeVar("Command", bound=Callable[..., Any])
 

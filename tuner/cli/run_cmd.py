@@ -6,14 +6,13 @@ import shlex
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from prefill_tuner import defaults, exit_codes
-from prefill_tuner.cli.declared_options import option
 from prefill_tuner.cli.display import (
     ProgressDisplay,
     error_console,
@@ -26,22 +25,12 @@ from prefill_tuner.cli.fields import with_flags
 from prefill_tuner.cli.options import (
     ENGINE,
     SPACE,
+    STUDY,
     TRACE,
-    ErrorBudgetOpt,
-    HeadroomCheckOpt,
-    HeadroomOpt,
     JsonOpt,
-    JudgeWindowOpt,
-    ModelOpt,
     NoReportOpt,
     SampledTraceOpt,
-    ScreenOpt,
-    SeedOpt,
-    SloOpt,
-    StorageOpt,
-    StudyOpt,
     TraceChoice,
-    TrialsOpt,
     with_options,
 )
 from prefill_tuner.cli.tables import AllOpt, ExplainOpt, render_next, render_summary
@@ -58,12 +47,9 @@ from prefill_tuner.study.session import TuningSession
 from prefill_tuner.study.summary import StudySummary
 
 
-@with_options(engine=ENGINE, trace=TRACE, space=SPACE)
+@with_options(study=STUDY, engine=ENGINE, trace=TRACE, space=SPACE)
 def run_command(
-    slo: SloOpt,
     trace_file: SampledTraceOpt = defaults.SAMPLE_TRACE,
-    objective: Annotated[str, option(StudyPlan, "objective_mode")] = defaults.OBJECTIVE,
-    trials: TrialsOpt = defaults.TRIALS,
     create_only: Annotated[
         bool,
         typer.Option(
@@ -72,22 +58,6 @@ def run_command(
             "`tune worker` processes run them.",
         ),
     ] = False,
-    model: ModelOpt = defaults.MODEL,
-    study_name: StudyOpt = None,
-    storage: StorageOpt = defaults.STORAGE,
-    timeout: Annotated[float | None, option(StudyPlan, "timeout_s")] = None,
-    seed: SeedOpt = 0,
-    sampler: Annotated[str, option(StudyPlan, "sampler")] = defaults.SAMPLER,
-    rule_trials: Annotated[bool, option(StudyPlan, "rule_trials")] = defaults.RULE_TRIALS,
-    error_budget: ErrorBudgetOpt = 0.0,
-    capacity_tolerance: Annotated[
-        float, option(StudyPlan, "capacity_tolerance")
-    ] = defaults.CAPACITY_TOLERANCE,
-    early_abort: Annotated[bool, option(StudyPlan, "early_abort")] = True,
-    screen: ScreenOpt = 0,
-    headroom: HeadroomOpt = None,
-    headroom_check: HeadroomCheckOpt = "sim",
-    judge_window: JudgeWindowOpt = None,
     report: Annotated[
         Path | None,
         typer.Option(
@@ -101,6 +71,7 @@ def run_command(
     explain: ExplainOpt = False,
     every: AllOpt = False,
     *,
+    study: dict[str, Any],
     engine: EngineOptions,
     trace: TraceChoice,
     space: SpaceSpec,
@@ -109,29 +80,11 @@ def run_command(
     Exit code 0: settings meet the SLOs; 4: no trial met them; 2: bad input; 130:
     interrupted (the same command resumes)."""
     err = error_console()
-    engine = serving(engine, model)
+    engine = serving(engine, study["model"])
+    storage = study["storage_url"]
     with closing(build_engine(engine, space.fixed)) as trial_engine:
         plan = build_plan(
-            trial_engine,
-            trace.at(trace_file),
-            space,
-            slos=slo,
-            name=study_name,
-            objective_mode=objective,
-            sampler=sampler,
-            storage_url=storage,
-            model=engine.model,
-            trials=trials,
-            error_budget=error_budget,
-            timeout_s=timeout,
-            seed=seed,
-            capacity_tolerance=capacity_tolerance,
-            early_abort=early_abort,
-            screen_trials=screen,
-            rule_trials=rule_trials,
-            judge_windows=tuple(judge_window or ()),
-            headroom=headroom,
-            headroom_check=headroom_check,
+            trial_engine, trace.at(trace_file), space, **{**study, "model": engine.model}
         )
         unwanted = no_report or create_only
         report_path = _report_path(report, plan, [trace_file, *inputs_of(storage)], unwanted)

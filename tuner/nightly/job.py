@@ -26,7 +26,7 @@ class NightlyJob:
     """Study family: each night is a new generation, study NAME-gN."""
     plan: StudyPlan
     """The study plan of the night (its name is replaced by the generation's)."""
-    report_dir: Path
+    report_dir: Path = defaults.REPORT_DIR
     """Where the dated report and the serve lines (DIR/STUDY/serve.sh, serve.yaml) go."""
     repeats: Annotated[int, Field(ge=1, le=defaults.MAX_REPEATS)] = defaults.REPEATS
     """Runs of the incumbent and of the challenger on tonight's trace, to tell a real gain from

@@ -24,10 +24,11 @@ from prefill_tuner.search_spaces.space import baseline_outside_note
 from prefill_tuner.storage.batched import write_now
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TrialRow, TunerStore
+from prefill_tuner.study import runners
 from prefill_tuner.study.budget import admit, refuse
 from prefill_tuner.study.evaluation import capacity_search, objective_value, verdict_of
 from prefill_tuner.study.plan import StudyPlan
-from prefill_tuner.study.runners import RUNNER_ATTR, requeue, this_runner
+from prefill_tuner.study.runners import RUNNER_ATTR, this_runner
 from prefill_tuner.study.windows import judge_windows
 
 
@@ -116,7 +117,7 @@ class TrialObjective:
             # Ctrl-C or SIGTERM mid-trial: Optuna fails the trial; its settings run again on
             # resume (the baseline stays the baseline), so nothing asked for is lost.
             if self.standalone:
-                requeue(trial.study, trial.study.get_trials(deepcopy=False)[trial.number])
+                runners.requeue(trial.study, trial.study.get_trials(deepcopy=False)[trial.number])
             raise
 
     def _run(self, trial: optuna.Trial) -> list[float]:

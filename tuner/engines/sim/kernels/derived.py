@@ -6,27 +6,16 @@ and their ``_many`` forms over runs of steps, the same operations in the same or
 run's times are exactly its steps').
 
 :class:`~prefill_tuner.engines.sim.kernels.profile.KernelProfile` holds the measured curves and
-makes this on first use."""
+makes this of them on first use (``derive``)."""
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from prefill_tuner.engines.sim.kernels.profile import KernelProfile
-
-_SAFETY = 1.0 - 1e-9
-"""The lower bounds are shaved by this factor, so that rounding never lifts them above a sum
-of step times."""
-
-
-def _interp(x: Sequence[float], y: Sequence[float], at: np.ndarray) -> np.ndarray:
-    return np.interp(at, np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
 
 
 @dataclass(eq=False)
@@ -70,121 +59,6 @@ class Derived:
     def __eq__(self, other: object) -> bool:
         # Not yet derived (``None``) or derived: the same profile either way.
         return other is None or isinstance(other, Derived)
-
-    @classmethod
-    def of(cls, profile: KernelProfile) -> Derived:
-        layers = profile.layers
-        bandwidth = profile.memory_bandwidth_gbps * 1e9
-        launch = profile.memory_op_us / 1e6
-        m_axis = np.asarray(profile.gemm_tokens, dtype=np.float64)
-        m_max = float(m_axis[-1])
-
-        def memory(per: str) -> tuple[float, float]:
-            fixed = sum(op.launches for op in profile.memory_ops if op.per == per) * launch
-            slope = sum(op.bytes_per_unit for op in profile.memory_ops if op.per == per)
-            return fixed, slope / bandwidth
-
-        # Token-dependent: the layers' GEMMs, the all-reduces, the memory-bound kernels.
-        x = set(m_axis.tolist())
-        if profile.allreduce is not None:
-            x.update(
-                e / profile.hidden
-                for e in profile.allreduce.x
-                if 1.0 <= e / profile.hidden <= m_max
-            )
-        token_x = np.array(sorted(x), dtype=np.float64)
-        gemm_ms = sum(
-            (_interp(profile.gemm_tokens, g.ms, token_x) for g in profile.gemms.values()),
-            np.zeros_like(token_x),
-        )
-        gemm_tail = sum(g.ms[-1] for g in profile.gemms.values()) / m_max
-        raw = layers * gemm_ms
-        tail = layers * gemm_tail
-        if profile.allreduce is not None:
-            reduce_ms = _interp(profile.allreduce.x, profile.allreduce.ms, token_x * profile.hidden)
-            raw = raw + profile.allreduces_per_step * reduce_ms
-            tail += profile.allreduces_per_step * float(reduce_ms[-1]) / m_max
-        fixed, per_token = memory("token")
-        token_seconds = np.maximum.accumulate(raw / 1000.0 + fixed + per_token * token_x)
-        token_tail = tail / 1000.0 + per_token
-
-        # Request-dependent: the LM head, the logits gather, sampling, per-request overhead.
-        x = set(m_axis.tolist())
-        if profile.logits_gather is not None:
-            x.update(
-                e / profile.logits_per_request
-                for e in profile.logits_gather.x
-                if 1.0 <= e / profile.logits_per_request <= m_max
-            )
-        request_x = np.array(sorted(x), dtype=np.float64)
-        raw = _interp(profile.gemm_tokens, profile.lm_head.ms, request_x)
-        tail = profile.lm_head.ms[-1] / m_max
-        if profile.logits_gather is not None:
-            gather_ms = _interp(
-                profile.logits_gather.x,
-                profile.logits_gather.ms,
-                request_x * profile.logits_per_request,
-            )
-            raw = raw + gather_ms
-            tail += float(gather_ms[-1]) / m_max
-        fixed, per_request = memory("request")
-        per_request += profile.per_request_us / 1e6
-        request_seconds = np.maximum.accumulate(
-            raw / 1000.0 + fixed + profile.overhead_ms / 1000.0 + per_request * request_x
-        )
-        request_tail = tail / 1000.0 + per_request
-
-        # Decode attention: every layer, in seconds, raised to its running maximum along
-        # both axes (a larger batch or a longer context is never faster).
-        grid = np.asarray(profile.decode_attention.ms, dtype=np.float64) * layers / 1000.0
-        grid = np.maximum.accumulate(np.maximum.accumulate(grid, axis=0), axis=1)
-        kv = np.asarray(profile.decode_attention.kv_tokens, dtype=np.float64)
-        grid_slope = np.diff(grid, axis=1) / np.diff(kv)
-
-        # Context attention: every layer, in seconds, its running maximum, interpolated
-        # linearly in √time between measured lengths (AIConfigurator's rule: time grows
-        # about as the square of the length).
-        ctx_x = np.asarray(profile.context_attention.x, dtype=np.float64)
-        ctx = np.maximum.accumulate(
-            np.asarray(profile.context_attention.ms, dtype=np.float64) * layers / 1000.0
-        )
-        root = np.sqrt(ctx)
-        root_slope = np.diff(root) / np.diff(ctx_x)
-
-        token_floor = min(float(np.min(token_seconds / token_x)), token_tail) * _SAFETY
-        pair_floor = _least_per_pair(ctx_x, root, root_slope) * _SAFETY
-        return cls(
-            owner=profile.__dict__,
-            token_x=token_x.tolist(),
-            token_y=token_seconds.tolist(),
-            token_slope=(np.diff(token_seconds) / np.diff(token_x)).tolist(),
-            token_tail=token_tail,
-            request_x=request_x.tolist(),
-            request_y=request_seconds.tolist(),
-            request_slope=(np.diff(request_seconds) / np.diff(request_x)).tolist(),
-            request_tail=request_tail,
-            batch=[float(b) for b in profile.decode_attention.batch],
-            kv=kv.tolist(),
-            grid=grid.tolist(),
-            grid_slope=grid_slope.tolist(),
-            grid_np=grid,
-            grid_slope_np=grid_slope,
-            kv_np=kv,
-            ctx_x=ctx_x.tolist(),
-            ctx_root=root.tolist(),
-            ctx_root_slope=root_slope.tolist(),
-            ctx_x_np=ctx_x,
-            ctx_root_np=root,
-            ctx_root_slope_np=root_slope,
-            ctx_last=float(ctx[-1]),
-            token_floor=token_floor,
-            pair_floor=pair_floor,
-            host_fixed=profile.host_ms / 1000.0,
-            host_per_request=profile.host_request_us / 1e6,
-        )
-
-    # Each reader below is exact at the curve's points, linear between them, and beyond the
-    # last point grows in proportion (the utilisation of the last measured point held).
 
     def tokens(self, count: float) -> float:
         x, y = self.token_x, self.token_y
@@ -348,26 +222,3 @@ def _brackets(x: np.ndarray, at: np.ndarray) -> _Brackets:
     if at.size == 0 or (at[0] >= x[0] and at[-1] < x[-1]):
         return inner, None
     return inner, (at >= x[-1], at < x[0])
-
-
-def _least_per_pair(x: np.ndarray, root: np.ndarray, slope: np.ndarray) -> float:
-    """The least context-attention time per causal pair, ``context(s) / (s(s+1)/2)``, over
-    every length ``s ≥ 1``: exact on each segment (√time linear in ``s``: the minimum is at an
-    end or where the derivative vanishes), and held beyond the last point."""
-    best = float("inf")
-    for j in range(x.size - 1):
-        x0, x1 = float(x[j]), float(x[j + 1])
-        a = float(root[j]) - x0 * float(slope[j])
-        b = float(slope[j])
-        candidates = [x0, x1]
-        if b != 2 * a:
-            turning = a / (b - 2 * a)
-            if x0 < turning < x1:
-                candidates.append(turning)
-        for s in candidates:
-            best = min(best, 2 * (a + b * s) ** 2 / (s * (s + 1)))
-    last = float(x[-1])
-    best = min(best, 2 * float(root[-1]) ** 2 / (last * (last + 1)))
-    # Below the first point its time is held: the least per pair there is at that point.
-    return max(best, 0.0)
-
