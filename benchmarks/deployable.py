@@ -3,7 +3,7 @@ safety before and after the headroom checks, its distance to the grid optimum, a
 on a later window of the same trace; on traces the tests never tune on, on the simulator.
 
     .venv/bin/python benchmarks/deployable.py [--seeds 2] [--trials 30] [--only TEXT]
-        [--judge-window busiest:60] [--json FILE]
+        [--judge-window busiest:60] [--json FILE] [--smoke]
 
 For each workload (a trace, the window it is tuned on, a later window of the same length, and
 an SLO set), per seed: ``tune run``'s study on the tuning window (its defaults), then the
@@ -24,6 +24,11 @@ that window (*+window*). For each:
 
 The grid: max_num_batched_tokens 2^8..2^14 × max_num_seqs 2^3..2^10 × long_prefill_token_threshold
 off / 1024, chunked prefill on (a coarser grid than search_efficiency.py's, to fit the time).
+
+``--smoke``: the first workload alone (or ``--only``'s), on the repository's copy of its trace
+(``examples/traces/``), windows a sixth as long, one seed of 4 trials, judged on ``busiest:10`` too,
+and a grid of max_num_batched_tokens 2^8, 2^11, 2^14 × max_num_seqs 2^3, 2^6, 2^10 (the
+suite runs that, so the script does not rot).
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ from prefill_tuner.study.session import TuningSession
 from prefill_tuner.trace import ShapeOptions, Trace, load_trace
 
 TRACES = Path("/work/shared/traces")
+SHIPPED_TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
+"""The same traces' heads in the repository (``--smoke`` reads these)."""
 MAX_MODEL_LEN = 32768
 
 
@@ -162,11 +169,16 @@ def score(run: EngineRun, slos: tuple[Slo, ...], bars: dict[str, float]) -> tupl
     return meets, max(statistic(run.metrics, name) / bars[name] for name in OBJECTIVES)
 
 
-def grid() -> list[dict[str, Any]]:
+GRID_BUDGETS = tuple(2**e for e in range(8, 15))
+GRID_SEQS = tuple(2**e for e in range(3, 11))
+SMOKE_BUDGETS, SMOKE_SEQS = (2**8, 2**11, 2**14), (2**3, 2**6, 2**10)
+
+
+def grid(
+    budgets: tuple[int, ...] = GRID_BUDGETS, seqs_grid: tuple[int, ...] = GRID_SEQS
+) -> list[dict[str, Any]]:
     unique: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for budget, seqs, threshold in itertools.product(
-        [2**e for e in range(8, 15)], [2**e for e in range(3, 11)], (0, 1024)
-    ):
+    for budget, seqs, threshold in itertools.product(budgets, seqs_grid, (0, 1024)):
         settings, _ = effective_settings(
             {
                 "max_num_batched_tokens": budget,
@@ -256,13 +268,25 @@ def main() -> None:
     parser.add_argument("--only", help="Only the workloads whose name contains this text.")
     parser.add_argument("--judge-window", help="Also run studies judged on this window.")
     parser.add_argument("--json", type=Path, help="Also write the raw results here.")
+    parser.add_argument("--smoke", action="store_true", help="One small workload, one seed.")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     engine = CachedEngine(load_profile("llama-3.1-8b-h100"))
-    points = grid()
+    workloads = WORKLOADS
+    if args.smoke:
+        args.seeds, args.trials = 1, 4
+        args.judge_window = args.judge_window or "busiest:10"
+        name = next((name for name in WORKLOADS if not args.only or args.only in name), "")
+        if not name:
+            parser.error(f"--only {args.only}: no workload's name contains it")
+        work = WORKLOADS[name]
+        workloads = {
+            name: replace(work, path=SHIPPED_TRACES / work.path.name, window_s=work.window_s / 6)
+        }
+    points = grid(SMOKE_BUDGETS, SMOKE_SEQS) if args.smoke else grid()
     results: dict[str, Any] = {}
     started_all = time.perf_counter()
-    for name, work in WORKLOADS.items():
+    for name, work in workloads.items():
         if args.only and args.only not in name:
             continue
         slos = parse_slos(list(work.slos))

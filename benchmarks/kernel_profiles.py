@@ -1,6 +1,6 @@
 """How good are the measured-kernel step-time profiles (issue 28, item 6)?
 
-    .venv/bin/python benchmarks/kernel_profiles.py [--vidur DIR] [--only SECTION ...]
+    .venv/bin/python benchmarks/kernel_profiles.py [--vidur DIR] [--only SECTION ...] [--smoke]
 
 Deterministic, no network, NumPy only (the shipped tables, read by ``tables.py``); prints
 markdown tables, four sections:
@@ -31,6 +31,12 @@ markdown tables, four sections:
 Some of the builder's functions used here are private (``_gemm``, ``_context_curve``,
 ``_decode_grid``, ``_comm_curve``, ``_Notes``, and the profile's ``_get``): they are called
 anyway, so that what is measured is the builder's own rule, not a copy of it.
+
+``--smoke``: ``loo`` on the H100's tables only (the other sections whole); without
+``--vidur``, ``vidur`` reads a made-up stand-in for Vidur's folder written to a temporary
+folder (Llama-3-8B on the H100 at TP 1, three token counts, a prefill and a decode attention
+row, every time 0.1 ms: its ratios mean nothing, the code that reads a real folder runs). The
+suite runs that, so the script does not rot.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import argparse
 import csv
 import dataclasses
 import math
+import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -483,9 +490,11 @@ def section_lift() -> None:
     print()
 
 
-def section_loo() -> None:
+def section_loo(gpus: Sequence[str] | None = None) -> None:
+    """Leave-one-out on ``gpus``' tables (default: every GPU's)."""
     families = {key: Family(name) for key, name in FAMILIES.items()}
-    gpus = known_gpus()
+    which = ", ".join(gpus) if gpus else "all GPUs"
+    gpus = list(gpus or known_gpus())
     for gpu in gpus:
         tables = gpu_tables(gpu)
         for dtype in ("bf16", "fp8"):
@@ -526,7 +535,7 @@ def section_loo() -> None:
         )
     print(
         table(
-            ["family (all GPUs)", "points", "median", "p90", "max", "bias", "worst point"],
+            [f"family ({which})", "points", "median", "p90", "max", "bias", "worst point"],
             rows,
             "lrrrrrl",
         )
@@ -1092,6 +1101,59 @@ def section_vidur(root: Path | None) -> None:
     print()
 
 
+SMOKE_GPUS = ("h100_sxm",)
+"""``--smoke``'s leave-one-out tables (bf16 and fp8 GEMMs, both KV dtypes, all-reduce)."""
+
+SMOKE_VIDUR_TOKENS = (1, 512, 4096)
+
+
+def write_smoke_vidur(root: Path) -> Path:
+    """A made-up stand-in for Vidur's ``compute`` folder, in its layout and columns: one model
+    on the H100 at TP 1, every timing 0.1 ms (``--smoke`` without ``--vidur``)."""
+    name = "meta-llama/Meta-Llama-3-8B"
+    model = VIDUR_MODELS[name]
+    folder = root / "h100" / name
+    folder.mkdir(parents=True)
+    shape = {
+        "n_head": model["num_attention_heads"],
+        "n_kv_head": model["num_key_value_heads"],
+        "n_embd": model["hidden_size"],
+        "n_expanded_embd": model["intermediate_size"],
+        "num_tensor_parallel_workers": 1,
+    }
+    ops = [*VIDUR_GEMMS.values(), *VIDUR_MEMORY]
+    mlp = [
+        {**shape, "num_tokens": tokens, **{f"time_stats.{op}.median": 0.1 for op in ops}}
+        for tokens in SMOKE_VIDUR_TOKENS
+    ]
+    attention = [
+        {
+            "num_tensor_parallel_workers": 1,
+            "is_prefill": is_prefill,
+            "batch_size": batch,
+            "prefill_chunk_size": chunk,
+            "kv_cache_size": kv,
+            "time_stats.attn_prefill.median": 0.1 if is_prefill else 0.0,
+            "time_stats.attn_decode.median": 0.0 if is_prefill else 0.1,
+            "time_stats.attn_kv_cache_save.median": 0.1,
+        }
+        for is_prefill, batch, chunk, kv in ((True, 1, 512, 1024), (False, 8, 0, 2048))
+    ]
+    for file, rows in (("mlp.csv", mlp), ("attention.csv", attention)):
+        with (folder / file).open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return root
+
+
+def smoke_vidur() -> None:
+    """``vidur`` on the made-up stand-in (``--smoke`` without ``--vidur``)."""
+    with tempfile.TemporaryDirectory(prefix="vidur-smoke-") as folder:
+        print("(--smoke: a made-up stand-in for Vidur's folder; its ratios mean nothing)\n")
+        section_vidur(write_smoke_vidur(Path(folder)))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -1105,6 +1167,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         choices=SECTIONS,
         help="run only this section (repeatable; default: all)",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="leave-one-out on the H100 only; without --vidur, Vidur's folder made up",
+    )
     args = parser.parse_args(argv)
     only = set(args.only or SECTIONS)
     source = index()["source"]
@@ -1113,10 +1180,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "tuner/engines/sim/kernels/data)\n"
     )
     runners: dict[str, Callable[[], None]] = {
-        "loo": section_loo,
+        "loo": lambda: section_loo(SMOKE_GPUS if args.smoke else None),
         "roofline": section_roofline,
         "tp": section_tp,
-        "vidur": lambda: section_vidur(args.vidur),
+        "vidur": smoke_vidur
+        if args.smoke and args.vidur is None
+        else lambda: section_vidur(args.vidur),
     }
     for name in SECTIONS:
         if name in only:

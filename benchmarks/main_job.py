@@ -2,7 +2,7 @@
 its wall and CPU time, and where the CPU goes (issue 30: < 10 s wall, < 12 s CPU, quiet
 2-core machine).
 
-    .venv/bin/python benchmarks/main_job.py [--rounds 3] [NAME=PYTHON ...]
+    .venv/bin/python benchmarks/main_job.py [--rounds 3] [--smoke] [NAME=PYTHON ...]
 
 Each ``NAME=PYTHON`` is an interpreter with the tuner installed (``before=/path/.venv/bin/python
 after=.venv/bin/python`` compares two checkouts in one run; default: this one). Rounds are
@@ -14,6 +14,9 @@ add up): simulation (``engines/sim``), storage
 (SQLAlchemy, sqlite3, psycopg, Optuna's storages, the tuner's ``storage``), Optuna (the rest of
 it: samplers, study), other (the rest: start-up imports, trace reading, report). cProfile
 inflates Python-heavy parts most; the split is shown as shares of the profiled time.
+``--smoke``: one round, and each run's job cut to 2 trials on the bundled sample's first 60
+requests with no report (``--trials 2 --max-requests 60 --no-report``): its times are not the
+main job's (the suite runs that, so the script does not rot).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 PARTS = {
@@ -56,19 +60,26 @@ profiler.dump_stats(path)
 """
 """The main job under cProfile with a CPU clock (``python -c PROFILED OUT ARGS...``)."""
 
+SMOKE_JOB = ("--trials", "2", "--max-requests", "60", "--no-report")
+"""``--smoke``'s job: the main job, cut."""
+
 
 def _child_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 
-def run_once(python: str, folder: Path, profile: Path | None = None) -> tuple[float, float]:
-    """Wall and CPU seconds of one main job, into a fresh database in ``folder``."""
+def run_once(
+    python: str, folder: Path, profile: Path | None = None, extra: Sequence[str] = ()
+) -> tuple[float, float]:
+    """Wall and CPU seconds of one main job (with ``extra`` arguments), into a fresh database
+    in ``folder``."""
     database = folder / f"job-{time.monotonic_ns()}.db"
     tune = [python, "-m", "prefill_tuner"]
     if profile is not None:  # CPU time per function: a busy machine's waits are no one's
         tune = [python, "-c", PROFILED, str(profile)]
     command = [*tune, "run", "--slo", "p99_tpot=50ms", "--storage", f"sqlite:///{database}"]
+    command += extra
     cpu, started = _child_cpu(), time.perf_counter()
     subprocess.run(command, cwd=folder, check=True, capture_output=True)
     return time.perf_counter() - started, _child_cpu() - cpu
@@ -99,7 +110,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("pythons", nargs="*", default=[f"this={sys.executable}"])
+    parser.add_argument(
+        "--smoke", action="store_true", help="one round of a cut job (2 trials, 60 requests)"
+    )
     args = parser.parse_args()
+    extra = SMOKE_JOB if args.smoke else ()
+    if args.smoke:
+        args.rounds = min(args.rounds, 1)
     pythons = dict(item.split("=", 1) for item in args.pythons)
     walls: dict[str, list[float]] = {name: [] for name in pythons}
     cpus: dict[str, list[float]] = {name: [] for name in pythons}
@@ -107,13 +124,13 @@ def main() -> None:
         folder = Path(directory)
         for _ in range(args.rounds):
             for name, python in pythons.items():
-                wall, cpu = run_once(python, folder)
+                wall, cpu = run_once(python, folder, extra=extra)
                 walls[name].append(wall)
                 cpus[name].append(cpu)
                 print(f"  {name}: wall {wall:.2f} s, CPU {cpu:.2f} s", flush=True)
         for name, python in pythons.items():
             profile = folder / f"{name}.prof"
-            run_once(python, folder, profile)
+            run_once(python, folder, profile, extra)
             parts = split(profile)
             total = sum(parts.values())
             shares = ", ".join(f"{part} {seconds / total:.0%}" for part, seconds in parts.items())

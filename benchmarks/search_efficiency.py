@@ -2,7 +2,7 @@
 grid, on the simulator where the exhaustive grid is affordable (issue 4).
 
     .venv/bin/python benchmarks/search_efficiency.py [--seeds 5] [--budget 40]
-        [--methods tuner,random,...] [--only TEXT] [--cache FILE]
+        [--methods tuner,random,...] [--only TEXT] [--cache FILE] [--smoke]
 
 For two traces and two SLO settings each, quality is the normalised hypervolume of the
 feasible (p99 TTFT, p99 TPOT) points found so far, with the SLO limits as the reference point:
@@ -21,6 +21,9 @@ on/off, deduplicated after vLLM's validity rules). Methods, each with the same t
 Prints, per setting: the grid optimum, trials each method needs to reach 98% of it (median
 over seeds; "-" when not reached within the budget), the quality at budgets 5..40, and the
 sampler's seconds per trial (time inside the sampler's calls over the study, per trial).
+``--smoke``: one seed, a budget of 10, the Azure slice's first 10 seconds, its tight-TPOT SLOs
+only (unless ``--only`` says otherwise); the whole grid still runs (the suite runs that, so the
+script does not rot).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "examples" / "traces"
 MAX_MODEL_LEN = 32768
 CHECKPOINTS = (5, 10, 15, 20, 25, 30, 40)
+SMOKE_SECONDS = 10
 
 SETTINGS: dict[str, tuple[Path, ShapeOptions, dict[str, list[str]]]] = {
     "mooncake": (
@@ -438,7 +442,10 @@ def main() -> None:
         default=8,
         help="Random trials before TPE models (the tuner's default: 8).",
     )
+    parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
+    if args.smoke:
+        args.seeds, args.budget, args.only = 1, 10, args.only or "azure / tight TPOT"
     methods = {name: METHODS[name] for name in args.methods.split(",")}
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     profile = load_profile("llama-3.1-8b-h100")
@@ -451,6 +458,8 @@ def main() -> None:
         }
         if not slo_sets:
             continue
+        if args.smoke:
+            shaping = shaping.model_copy(update={"duration_s": SMOKE_SECONDS})
         trace = load_trace(str(path), options=shaping)
         engine = CachedEngine(profile, cache_file=args.cache)
         started = time.perf_counter()

@@ -2,7 +2,7 @@
 (wall time on a shared machine varies by a factor of two; instruction counts do not).
 
     .venv/bin/python benchmarks/sim_instructions.py [--python OTHER/.venv/bin/python ...]
-        [--max-requests N] [--rate-scale X]
+        [--max-requests N] [--rate-scale X] [--smoke]
 
 Cases: ``benchmarks/sim_speed.py``'s (the Mooncake slice at rate ×0.1 with a 32K context, and
 the Azure slice), each with async and synchronous scheduling, on the shipped
@@ -12,12 +12,16 @@ under ``valgrind --tool=callgrind`` with the simulation and once without it (the
 and trace loading); the difference is the simulation's instruction count. Under valgrind a
 run takes about 60 times as long: ``--max-requests`` replays each slice's first N requests.
 ``--rate-scale`` multiplies the Azure slice's request rate (the Mooncake slice's ×0.1 with it).
+``--smoke``: every case's child process once, simulating each slice's first 20 requests
+(``--max-requests`` unless given), without valgrind, so without instruction counts: under
+callgrind the imports alone take about 40 s (the suite runs that, so the script does not rot).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +29,7 @@ from pathlib import Path
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
 CASES = ("mooncake", "azure")
+SMOKE_REQUESTS = 20
 
 
 def child(
@@ -85,6 +90,42 @@ def count(
     return int(found.group(1))
 
 
+def smoke(
+    pythons: list[str],
+    cases: list[str] | tuple[str, ...],
+    schedulings: list[str] | None,
+    max_requests: int | None,
+    rate: float,
+) -> None:
+    """Each case's child process, simulating, without valgrind."""
+    why = "not installed" if shutil.which("valgrind") is None else "a callgrind run takes ~40 s"
+    print(f"--smoke: the children run without valgrind ({why}): steps, no instruction counts")
+    for case in cases:
+        for scheduling in schedulings or ("async", "sync"):
+            for python in pythons:
+                run = subprocess.run(
+                    [
+                        python,
+                        __file__,
+                        "--child",
+                        case,
+                        scheduling,
+                        "1",
+                        str(max_requests or SMOKE_REQUESTS),
+                        str(rate),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                steps, p99_tpot = run.stdout.split()
+                print(
+                    f"{case} x{rate:g}, {scheduling}, {python}: simulate() {int(steps):,} steps "
+                    f"(p99 TPOT {float(p99_tpot) * 1000:.1f} ms), not counted",
+                    flush=True,
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -97,12 +138,16 @@ def main() -> None:
     parser.add_argument("--max-requests", type=int, help="replay each slice's first N requests")
     parser.add_argument("--rate-scale", type=float, default=1.0)
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     if args.child:
         case, scheduling, simulate_it, max_requests, rate = args.child
         child(case, scheduling, simulate_it == "1", int(max_requests) or None, float(rate))
         return
     pythons = args.python or [sys.executable]
+    if args.smoke:
+        smoke(pythons, args.case or CASES, args.scheduling, args.max_requests, args.rate_scale)
+        return
     for case in args.case or CASES:
         for scheduling in args.scheduling or ("async", "sync"):
             for python in pythons:

@@ -1,6 +1,6 @@
 """How the simulator's cost grows with load and with trace length (issue 17).
 
-    .venv/bin/python benchmarks/sim_scaling.py [--repeat 3] [--scheduling async]
+    .venv/bin/python benchmarks/sim_scaling.py [--repeat 3] [--scheduling async] [--smoke]
 
 Cases, on the shipped Llama-3.1-8B/H100 profile with its default engine flags:
 - the Azure conversation slice at 1×, 4× and 16× its recorded request rate (``rate_scale``);
@@ -13,6 +13,9 @@ Each case runs in a fresh process, which reports the median wall time of ``simul
 its peak resident memory (the whole process: Python, numpy, the trace and the simulation).
 Time per simulated request should stay flat as the trace grows: every step's work is bounded
 by the requests in the engine, not by the requests seen.
+``--smoke``: two cases (``azure x4 rate`` and ``mooncake x0.1, 10x longer``), one repeat, each
+slice cut to its first 40 requests before it is tiled (the suite runs that, so the script does
+not rot).
 """
 
 from __future__ import annotations
@@ -39,16 +42,23 @@ CASES: dict[str, tuple[Path, float, int, int | None]] = {
     "mooncake x0.1": (MOONCAKE, 0.1, 1, 32768),
     "mooncake x0.1, 10x longer": (MOONCAKE, 0.1, 10, 32768),
 }
+SMOKE_CASES = ("azure x4 rate", "mooncake x0.1, 10x longer")
+SMOKE_REQUESTS = 40
 
 
-def run_case(name: str, repeat: int, scheduling: str) -> dict[str, object]:
+def run_case(
+    name: str, repeat: int, scheduling: str, max_requests: int | None = None
+) -> dict[str, object]:
     """In this process: load, shape and tile the trace, then time ``simulate()``."""
     from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
     from prefill_tuner.trace import ShapeOptions, load_trace
 
     path, rate, copies, max_model_len = CASES[name]
     trace = load_trace(
-        str(path), options=ShapeOptions(rate_scale=rate, max_model_len=max_model_len)
+        str(path),
+        options=ShapeOptions(
+            rate_scale=rate, max_model_len=max_model_len, max_requests=max_requests
+        ),
     )
     if copies > 1:
         span = trace.requests[-1].arrival_s - trace.requests[0].arrival_s + 1.0
@@ -85,15 +95,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--scheduling", choices=("async", "sync"), default="async")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # the child process's one case
+    parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
+    max_requests = SMOKE_REQUESTS if args.smoke else None
     if args.case:
-        print(json.dumps(run_case(args.case, args.repeat, args.scheduling)))
+        print(json.dumps(run_case(args.case, args.repeat, args.scheduling, max_requests)))
         return
+    if args.smoke:
+        args.repeat = 1
     print(
         f"{'case':28} {'requests':>9} {'steps':>10} {'wall (median)':>14} "
         f"{'µs/request':>11} {'peak RSS':>9}"
     )
-    for name in CASES:
+    for name in SMOKE_CASES if args.smoke else CASES:
         child = subprocess.run(
             [
                 sys.executable,
@@ -104,6 +118,7 @@ def main() -> None:
                 str(args.repeat),
                 "--scheduling",
                 args.scheduling,
+                *(["--smoke"] if args.smoke else []),
             ],
             capture_output=True,
             text=True,

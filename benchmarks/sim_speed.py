@@ -1,6 +1,6 @@
 """How fast the simulator replays the bundled 20-minute traces (issue: < 1 s each, one core).
 
-    .venv/bin/python benchmarks/sim_speed.py [--repeat 5] [--profile-top 12]
+    .venv/bin/python benchmarks/sim_speed.py [--repeat 5] [--profile-top 12] [--smoke]
 
 Cases, with the default engine flags of the shipped Llama-3.1-8B/H100 profile, each with
 async scheduling (the profile's default) and synchronous:
@@ -10,6 +10,8 @@ async scheduling (the profile's default) and synchronous:
 
 Prints the median wall time of ``simulate()`` over the repeats (reading and shaping the trace
 excluded), simulated requests per wall second, and where the time goes (cProfile, one extra run).
+``--smoke``: one repeat of each case on the slice's first 200 requests (the suite runs that, so
+the script does not rot).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ CASES = {
     ),
     "azure conv": (TRACES / "azure_conv_2023_head.csv", ShapeOptions(), {}),
 }
+SMOKE_REQUESTS = 200
 
 
 def main() -> None:
@@ -46,12 +49,17 @@ def main() -> None:
         default="both",
         help="async (the profile's default, as vLLM on GPU), sync (as vLLM on CPU), or both",
     )
+    parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeat = 1
     profile = load_profile("llama-3.1-8b-h100")
     modes = {"async": (True,), "sync": (False,), "both": (True, False)}[args.scheduling]
     for (name, (path, shaping, overrides)), mode in (
         (case, mode) for case in CASES.items() for mode in modes
     ):
+        if args.smoke:
+            shaping = shaping.model_copy(update={"max_requests": SMOKE_REQUESTS})
         trace = load_trace(str(path), options=shaping)
         config = SimConfig(**{**profile.engine_defaults, **overrides, "async_scheduling": mode})
         name = f"{name}, {'async' if mode else 'sync'}"
