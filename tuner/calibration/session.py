@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import Field
 
 from prefill_tuner.calibration.calibrate import Calibration
+from prefill_tuner.declared import check_declared
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.errors import TunerError
 
@@ -22,6 +26,25 @@ if TYPE_CHECKING:
 
 DESIGNED_SEQS = 128
 """Largest decode batch of the designed workload unless told otherwise."""
+
+
+@dataclass(frozen=True)
+class Design:
+    """The designed workload a calibration server replays (:func:`designed_settings`,
+    :func:`calibrate_server`)."""
+
+    # The first paragraph of each field's docstring is its option's help (tune calibrate).
+    max_num_seqs: Annotated[int, Field(ge=1)] = DESIGNED_SEQS
+    """Largest decode batch the designed workload builds."""
+    max_num_batched_tokens: Annotated[int | None, Field(ge=1)] = None
+    """The calibration server's step budget: the largest prefill chunk it sees (default: the
+    server's own default)."""
+    spacing: Annotated[float, Field(ge=0.01, le=100.0)] = 1.0
+    """Stretch the workload's gaps (1: a small model on a CPU; more where one max_model_len
+    prompt takes over a second)."""
+
+    def __post_init__(self) -> None:
+        check_declared(self)
 
 
 def calibrate_server(

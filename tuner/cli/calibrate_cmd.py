@@ -14,13 +14,14 @@ import yaml
 from prefill_tuner import defaults
 from prefill_tuner.calibration.calibrate import Calibration
 from prefill_tuner.calibration.session import (
-    DESIGNED_SEQS,
+    Design,
     calibrate_server,
     calibrate_study,
     designed_settings,
     kernels_to_refit,
 )
 from prefill_tuner.cli.assignments import parse_assignments, parse_value
+from prefill_tuner.cli.declared_options import group
 from prefill_tuner.cli.display import error_console, json_safe, output_console
 from prefill_tuner.cli.options import (
     HARDWARE,
@@ -44,8 +45,8 @@ from prefill_tuner.study.plan import check_study_name
 if TYPE_CHECKING:
     from prefill_tuner.calibration.refit import Refit
 
-CALIBRATION_SEQS = DESIGNED_SEQS
-"""Largest decode batch of the designed workload unless ``--max-num-seqs`` says otherwise."""
+DESIGN = group(Design, ("max_num_batched_tokens", "max_num_seqs", "spacing"), panel="Workload")
+"""The designed workload's options (:class:`Design`'s fields)."""
 
 REFIT_HELP = (
     "A kernels profile (name or file) to refit: keep its measured kernels, refit only its time "
@@ -69,7 +70,7 @@ REFIT = OptionGroup(
 profile whose time outside kernels the calibration refits."""
 
 
-@with_options(engine=REAL_SERVER, hardware=REFIT)
+@with_options(design=DESIGN, engine=REAL_SERVER, hardware=REFIT)
 def calibrate_command(
     output: Annotated[
         Path, typer.Option("--output", "-o", help="Write the fitted profile (YAML) here.")
@@ -87,31 +88,6 @@ def calibrate_command(
         ),
     ] = None,
     storage: StorageOpt = defaults.STORAGE,
-    max_num_batched_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--max-num-batched-tokens",
-            min=1,
-            help="The calibration server's step budget: the largest prefill chunk it sees "
-            "(default: the server's own default).",
-        ),
-    ] = None,
-    max_num_seqs: Annotated[
-        int,
-        typer.Option(
-            "--max-num-seqs", min=1, help="Largest decode batch the designed workload builds."
-        ),
-    ] = CALIBRATION_SEQS,
-    spacing: Annotated[
-        float,
-        typer.Option(
-            "--spacing",
-            min=0.01,
-            max=100.0,
-            help="Stretch the workload's gaps (1: a small model on a CPU; more where one "
-            "max_model_len prompt takes over a second).",
-        ),
-    ] = 1.0,
     set_values: Annotated[
         list[str] | None,
         typer.Option(
@@ -130,6 +106,7 @@ def calibrate_command(
     ] = None,
     as_json: JsonOpt = False,
     *,
+    design: Design,
     engine: EngineOptions,
     hardware: ProfileSpec,
 ) -> None:
@@ -167,7 +144,10 @@ def calibrate_command(
         trial_engine = build_engine(dataclasses.replace(engine, model=model))
         fixed = trial_engine.validate_fixed(fixed)  # vLLM's parser, before a server starts
         settings = designed_settings(
-            trial_engine.default_settings(), fixed, max_num_seqs, max_num_batched_tokens
+            trial_engine.default_settings(),
+            fixed,
+            design.max_num_seqs,
+            design.max_num_batched_tokens,
         )
         calibration = calibrate_server(
             trial_engine,
@@ -175,7 +155,7 @@ def calibrate_command(
             model=model,
             base=base,
             name=name,
-            spacing=spacing,
+            spacing=design.spacing,
             on_start=say,
         )
     with atomic_text(output) as stream:
