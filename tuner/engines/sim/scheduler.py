@@ -111,7 +111,12 @@ class Scheduler(SteadyRuns):
         return bool(self.waiting or self.running)
 
     def schedule(self) -> StepPlan:
-        """Decide this step's tokens per request (vLLM's ``schedule()``)."""
+        """Decide this step's tokens per request (vLLM's ``schedule()``).
+
+        One function, as vLLM's is: its two passes (running requests, then waiting ones, under
+        one budget that both spend) read top to bottom beside ``vllm/v1/core/sched/
+        scheduler.py``'s, which is how the mirror is checked by a reader; split, the shared
+        budget and free-block state would have to travel between the halves."""
         config, kv, running, waiting = self.config, self.kv, self.running, self.waiting
         plan = StepPlan()
         budget = config.max_num_batched_tokens

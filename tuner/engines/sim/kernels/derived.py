@@ -60,6 +60,9 @@ class Derived:
         # Not yet derived (``None``) or derived: the same profile either way.
         return other is None or isinstance(other, Derived)
 
+    # Each reader below is exact at the curve's points, linear between them, and beyond the
+    # last point grows in proportion (the utilisation of the last measured point held).
+
     def tokens(self, count: float) -> float:
         x, y = self.token_x, self.token_y
         j = bisect_right(x, count) - 1

@@ -385,64 +385,12 @@ class KernelProfile(RequestPath):
 
 
 def derive(profile: KernelProfile) -> Derived:
+    """The evaluation tables of ``profile`` (:class:`Derived`): its token and request curves,
+    decode grid and context curve, each summed over the layers and raised to its running
+    maximum, and the lower bounds the fast path uses."""
     layers = profile.layers
-    bandwidth = profile.memory_bandwidth_gbps * 1e9
-    launch = profile.memory_op_us / 1e6
-    m_axis = np.asarray(profile.gemm_tokens, dtype=np.float64)
-    m_max = float(m_axis[-1])
-
-    def memory(per: str) -> tuple[float, float]:
-        fixed = sum(op.launches for op in profile.memory_ops if op.per == per) * launch
-        slope = sum(op.bytes_per_unit for op in profile.memory_ops if op.per == per)
-        return fixed, slope / bandwidth
-
-    # Token-dependent: the layers' GEMMs, the all-reduces, the memory-bound kernels.
-    x = set(m_axis.tolist())
-    if profile.allreduce is not None:
-        x.update(
-            e / profile.hidden for e in profile.allreduce.x if 1.0 <= e / profile.hidden <= m_max
-        )
-    token_x = np.array(sorted(x), dtype=np.float64)
-    gemm_ms = sum(
-        (_interp(profile.gemm_tokens, g.ms, token_x) for g in profile.gemms.values()),
-        np.zeros_like(token_x),
-    )
-    gemm_tail = sum(g.ms[-1] for g in profile.gemms.values()) / m_max
-    raw = layers * gemm_ms
-    tail = layers * gemm_tail
-    if profile.allreduce is not None:
-        reduce_ms = _interp(profile.allreduce.x, profile.allreduce.ms, token_x * profile.hidden)
-        raw = raw + profile.allreduces_per_step * reduce_ms
-        tail += profile.allreduces_per_step * float(reduce_ms[-1]) / m_max
-    fixed, per_token = memory("token")
-    token_seconds = np.maximum.accumulate(raw / 1000.0 + fixed + per_token * token_x)
-    token_tail = tail / 1000.0 + per_token
-
-    # Request-dependent: the LM head, the logits gather, sampling, per-request overhead.
-    x = set(m_axis.tolist())
-    if profile.logits_gather is not None:
-        x.update(
-            e / profile.logits_per_request
-            for e in profile.logits_gather.x
-            if 1.0 <= e / profile.logits_per_request <= m_max
-        )
-    request_x = np.array(sorted(x), dtype=np.float64)
-    raw = _interp(profile.gemm_tokens, profile.lm_head.ms, request_x)
-    tail = profile.lm_head.ms[-1] / m_max
-    if profile.logits_gather is not None:
-        gather_ms = _interp(
-            profile.logits_gather.x,
-            profile.logits_gather.ms,
-            request_x * profile.logits_per_request,
-        )
-        raw = raw + gather_ms
-        tail += float(gather_ms[-1]) / m_max
-    fixed, per_request = memory("request")
-    per_request += profile.per_request_us / 1e6
-    request_seconds = np.maximum.accumulate(
-        raw / 1000.0 + fixed + profile.overhead_ms / 1000.0 + per_request * request_x
-    )
-    request_tail = tail / 1000.0 + per_request
+    token_x, token_seconds, token_tail = _token_curve(profile)
+    request_x, request_seconds, request_tail = _request_curve(profile)
 
     # Decode attention: every layer, in seconds, raised to its running maximum along
     # both axes (a larger batch or a longer context is never faster).
@@ -494,8 +442,72 @@ def derive(profile: KernelProfile) -> Derived:
     )
 
 
-# Each reader below is exact at the curve's points, linear between them, and beyond the
-# last point grows in proportion (the utilisation of the last measured point held).
+def _memory(profile: KernelProfile, per: Literal["token", "request"]) -> tuple[float, float]:
+    """The memory-bound kernels' fixed seconds (launches) and seconds per token or request."""
+    launch = profile.memory_op_us / 1e6
+    bandwidth = profile.memory_bandwidth_gbps * 1e9
+    fixed = sum(op.launches for op in profile.memory_ops if op.per == per) * launch
+    slope = sum(op.bytes_per_unit for op in profile.memory_ops if op.per == per)
+    return fixed, slope / bandwidth
+
+
+def _token_curve(profile: KernelProfile) -> tuple[np.ndarray, np.ndarray, float]:
+    """What depends on a step's tokens alone: the layers' GEMMs, the all-reduces, the
+    memory-bound kernels; its points (tokens), seconds and seconds per token past the last."""
+    m_axis = np.asarray(profile.gemm_tokens, dtype=np.float64)
+    m_max = float(m_axis[-1])
+    x = set(m_axis.tolist())
+    if profile.allreduce is not None:
+        x.update(
+            e / profile.hidden for e in profile.allreduce.x if 1.0 <= e / profile.hidden <= m_max
+        )
+    token_x = np.array(sorted(x), dtype=np.float64)
+    gemm_ms = sum(
+        (_interp(profile.gemm_tokens, g.ms, token_x) for g in profile.gemms.values()),
+        np.zeros_like(token_x),
+    )
+    gemm_tail = sum(g.ms[-1] for g in profile.gemms.values()) / m_max
+    raw = profile.layers * gemm_ms
+    tail = profile.layers * gemm_tail
+    if profile.allreduce is not None:
+        reduce_ms = _interp(profile.allreduce.x, profile.allreduce.ms, token_x * profile.hidden)
+        raw = raw + profile.allreduces_per_step * reduce_ms
+        tail += profile.allreduces_per_step * float(reduce_ms[-1]) / m_max
+    fixed, per_token = _memory(profile, "token")
+    token_seconds = np.maximum.accumulate(raw / 1000.0 + fixed + per_token * token_x)
+    return token_x, token_seconds, tail / 1000.0 + per_token
+
+
+def _request_curve(profile: KernelProfile) -> tuple[np.ndarray, np.ndarray, float]:
+    """What depends on a step's requests alone: the LM head, the logits gather, sampling,
+    per-request overhead; its points (requests), seconds and seconds per request past the
+    last."""
+    m_axis = np.asarray(profile.gemm_tokens, dtype=np.float64)
+    m_max = float(m_axis[-1])
+    x = set(m_axis.tolist())
+    if profile.logits_gather is not None:
+        x.update(
+            e / profile.logits_per_request
+            for e in profile.logits_gather.x
+            if 1.0 <= e / profile.logits_per_request <= m_max
+        )
+    request_x = np.array(sorted(x), dtype=np.float64)
+    raw = _interp(profile.gemm_tokens, profile.lm_head.ms, request_x)
+    tail = profile.lm_head.ms[-1] / m_max
+    if profile.logits_gather is not None:
+        gather_ms = _interp(
+            profile.logits_gather.x,
+            profile.logits_gather.ms,
+            request_x * profile.logits_per_request,
+        )
+        raw = raw + gather_ms
+        tail += float(gather_ms[-1]) / m_max
+    fixed, per_request = _memory(profile, "request")
+    per_request += profile.per_request_us / 1e6
+    request_seconds = np.maximum.accumulate(
+        raw / 1000.0 + fixed + profile.overhead_ms / 1000.0 + per_request * request_x
+    )
+    return request_x, request_seconds, tail / 1000.0 + per_request
 
 
 _SAFETY = 1.0 - 1e-9
