@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
@@ -146,10 +146,29 @@ def pareto_figure(
             )
         )
     baseline = next((t for t in trials if t.is_baseline and t.status != "failed"), None)
-    for kind, trial, symbol in (
-        ("baseline", baseline, "circle-open"),
-        ("recommended", recommended, "star"),
-    ):
+    _marks(fig, (("baseline", baseline, "circle-open"), ("recommended", recommended, "star")), xy)
+    _slo_lines(fig, names, limits, (min(xs, default=1.0), max(xs, default=1.0)), (ys, top))
+    fig.update_layout(
+        **LAYOUT,
+        title="Every trial: feasible, infeasible and failed (hover for settings and serve line)",
+        xaxis_title="trial" if len(names) == 1 else _label(names[0]),
+        yaxis_title=_label(names[-1]),
+        height=520,
+    )
+    if len(names) == 2:
+        fig.update_xaxes(type="log")
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def _marks(
+    fig: go.Figure,
+    marked: Sequence[tuple[str, TrialRecord | None, str]],
+    xy: Callable[[TrialRecord], tuple[float, float]],
+) -> None:
+    """A large marker for each ``(kind, trial, symbol)`` given a trial (the baseline, the
+    recommended setting)."""
+    for kind, trial, symbol in marked:
         if trial is None:
             continue
         x, y = xy(trial)
@@ -165,8 +184,19 @@ def pareto_figure(
                 meta={"kind": kind, "trials": [trial.trial_number]},
             )
         )
-    # SLO limits as traces, not shapes: a shape's annotation on a log axis is misplaced.
-    low_x, high_x = min(xs, default=1.0) / 1.2, max(xs, default=1.0) * 1.2
+
+
+def _slo_lines(
+    fig: go.Figure,
+    names: Sequence[str],
+    limits: dict[str, float],
+    x_range: tuple[float, float],
+    y_values: tuple[list[float], float],
+) -> None:
+    """Each SLO limit on an axis as a dashed line across the other axis's data (as traces,
+    not shapes: a shape's annotation on a log axis is misplaced)."""
+    (ys, top), (least_x, most_x) = y_values, x_range
+    low_x, high_x = least_x / 1.2, most_x * 1.2
     low_y, high_y = min(ys, default=1.0) / 1.2, top
     for axis, name in zip(("x", "y"), names if len(names) == 2 else ("", names[0]), strict=True):
         if name not in limits:
@@ -188,17 +218,6 @@ def pareto_figure(
                 meta={"kind": "slo"},
             )
         )
-    fig.update_layout(
-        **LAYOUT,
-        title="Every trial: feasible, infeasible and failed (hover for settings and serve line)",
-        xaxis_title="trial" if len(names) == 1 else _label(names[0]),
-        yaxis_title=_label(names[-1]),
-        height=520,
-    )
-    if len(names) == 2:
-        fig.update_xaxes(type="log")
-        fig.update_yaxes(type="log")
-    return fig
 
 
 def _axes(objectives: Sequence[str]) -> list[str]:
