@@ -16,7 +16,7 @@ from typing import Any
 
 import optuna
 
-from prefill_tuner.engines.base import TrialEngine
+from prefill_tuner.engines.base import EngineRun, TrialEngine
 from prefill_tuner.objectives.scoring import Verdict
 from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.rules import effective_settings
@@ -140,33 +140,7 @@ class TrialObjective:
             return self._reuse(trial, same, settings, repairs, started_at, started)
         # Its settings and runner, stored before it runs: a crash reruns them.
         write_now(trial.study)
-        label = f"{plan.name}-trial-{trial.number:04d}"
-        if plan.objective_mode == "capacity":
-            run, verdict, multiplier = capacity_search(
-                self.engine,
-                plan.trace,
-                settings,
-                plan.slos,
-                plan.error_budget,
-                plan.capacity_tolerance,
-                plan.abort_rule,
-                label=label,
-                max_concurrency=plan.shaping.max_concurrency,
-            )
-            values = [multiplier]
-        else:
-            run = self.engine.run(
-                plan.trace,
-                settings,
-                plan.abort_rule,
-                label=label,
-                max_concurrency=plan.shaping.max_concurrency,
-            )
-            verdict = verdict_of(run, plan.slos, plan.error_budget)
-            values = [objective_value(run, o.name) for o in plan.objectives]
-            if self.windows and run.metrics is not None:
-                verdict, judged = self._judge_windows(settings, label, verdict)
-                run.details = {**run.details, "windows": judged}
+        run, verdict, values = self._measure(settings, f"{plan.name}-trial-{trial.number:04d}")
         values = self._pessimistic(values, failed=bool(run.failure) or run.metrics is None)
         self._note_values(values)
         for name, value in verdict.constraints.items():
@@ -231,6 +205,39 @@ class TrialObjective:
             )
         )
         return values
+
+    def _measure(
+        self, settings: dict[str, Any], label: str
+    ) -> tuple[EngineRun, Verdict, list[float]]:
+        """The engine's run of ``settings`` (a capacity study: the bisection's), its verdict
+        (on the whole trace and each judge window) and its objective values."""
+        plan = self.plan
+        if plan.objective_mode == "capacity":
+            run, verdict, multiplier = capacity_search(
+                self.engine,
+                plan.trace,
+                settings,
+                plan.slos,
+                plan.error_budget,
+                plan.capacity_tolerance,
+                plan.abort_rule,
+                label=label,
+                max_concurrency=plan.shaping.max_concurrency,
+            )
+            return run, verdict, [multiplier]
+        run = self.engine.run(
+            plan.trace,
+            settings,
+            plan.abort_rule,
+            label=label,
+            max_concurrency=plan.shaping.max_concurrency,
+        )
+        verdict = verdict_of(run, plan.slos, plan.error_budget)
+        values = [objective_value(run, o.name) for o in plan.objectives]
+        if self.windows and run.metrics is not None:
+            verdict, judged = self._judge_windows(settings, label, verdict)
+            run.details = {**run.details, "windows": judged}
+        return run, verdict, values
 
     def _same_as(self, trial: optuna.Trial, settings: dict[str, Any]) -> TrialRecord | None:
         """The earliest stored trial that ran to completion with exactly these settings (in
