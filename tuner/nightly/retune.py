@@ -35,7 +35,7 @@ from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import serve_command
 from prefill_tuner.search_spaces.space import knob_availability
 from prefill_tuner.storage.batched import optuna_storage
-from prefill_tuner.storage.models import NightlyRun
+from prefill_tuner.storage.models import NightlyRun, StudyRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.evaluation import verdict_of
 from prefill_tuner.study.plan import StudyPlan
@@ -46,7 +46,7 @@ from prefill_tuner.study.run import (
 )
 from prefill_tuner.study.screening import give_profile
 from prefill_tuner.study.session import TuningSession
-from prefill_tuner.study.summary import summarize_study
+from prefill_tuner.study.summary import StudySummary, summarize_study
 from prefill_tuner.study.windows import judge_windows
 from prefill_tuner.trace.stats import trace_stats
 
@@ -99,39 +99,22 @@ def retune(
         say(f"engine changed: {previous.engine_version} → {engine.version}")
     repeats = 1 if engine.deterministic else nightly.repeats
 
-    incumbent_runs = None
-    if incumbent is not None:
-        unavailable = unavailable_settings(incumbent, engine)
-        if unavailable:
-            say(f"the incumbent cannot run on {engine.version}: {unavailable}")
-        else:
-            say(f"re-measuring the incumbent ({repeats} run{'s' * (repeats > 1)})")
-            incumbent_runs = measure(engine, plan, incumbent, repeats)
+    incumbent_runs = _remeasure(engine, plan, incumbent, repeats, say)
     measuring_s = time.monotonic() - started
 
     timeout = None
     if nightly.deadline_s is not None:
         # Leave as much time for re-measuring the challenger as the incumbent took.
         timeout = nightly.deadline_s - (time.monotonic() - started) - max(measuring_s, 0.0)
-    searched = replace(plan, timeout_s=timeout)
-    with TuningSession(searched, engine, store) as session:
-        record = session.record
-        if plan.screen_trials and nightly.screen_profile is not None:
-            give_profile(session.study, nightly.screen_profile)
-        if not session.study.trials:
-            enqueue_baseline(session.study, plan, engine)
-            warm = _warm_start(session.study, plan, store, previous, incumbent)
-            if warm:
-                say(
-                    f"warm start: {warm} configuration{'s' * (warm > 1)} of the previous "
-                    "generation queued first"
-                )
-        if timeout is None or timeout > 0:
-            if session.run(progress, say):
-                raise KeyboardInterrupt  # every finished trial is kept; the night resumes
-        else:
-            say("the deadline left no time to search: the incumbent is kept if it holds")
-        summary = session.summary(say)
+    summary, record = _search(
+        nightly,
+        replace(plan, timeout_s=timeout),
+        engine,
+        store,
+        (previous, incumbent),
+        progress,
+        say,
+    )
 
     challenger = summary.recommended.settings if summary.recommended else None
     if challenger is not None and incumbent is not None and _same(challenger, incumbent):
@@ -189,6 +172,56 @@ def retune(
         engine_changed=engine_changed,
         page_path=page,
     )
+
+
+def _remeasure(
+    engine: TrialEngine,
+    plan: StudyPlan,
+    incumbent: dict[str, Any] | None,
+    repeats: int,
+    say: Callable[[str], None],
+) -> list[Measurement] | None:
+    """Tonight's runs of the incumbent (``None``: there is none, or tonight's engine cannot
+    run its settings)."""
+    if incumbent is None:
+        return None
+    unavailable = unavailable_settings(incumbent, engine)
+    if unavailable:
+        say(f"the incumbent cannot run on {engine.version}: {unavailable}")
+        return None
+    say(f"re-measuring the incumbent ({repeats} run{'s' * (repeats > 1)})")
+    return measure(engine, plan, incumbent, repeats)
+
+
+def _search(
+    nightly: NightlyJob,
+    searched: StudyPlan,
+    engine: TrialEngine,
+    store: TunerStore,
+    before: tuple[NightlyRun | None, dict[str, Any] | None],
+    progress: StudyProgress | None,
+    say: Callable[[str], None],
+) -> tuple[StudySummary, StudyRecord]:
+    """Tonight's search, as ``tune run`` runs one (warm-started from the previous
+    generation, screened where asked, within the deadline): its summary and study record."""
+    previous, incumbent = before
+    with TuningSession(searched, engine, store) as session:
+        if searched.screen_trials and nightly.screen_profile is not None:
+            give_profile(session.study, nightly.screen_profile)
+        if not session.study.trials:
+            enqueue_baseline(session.study, searched, engine)
+            warm = _warm_start(session.study, searched, store, previous, incumbent)
+            if warm:
+                say(
+                    f"warm start: {warm} configuration{'s' * (warm > 1)} of the previous "
+                    "generation queued first"
+                )
+        if searched.timeout_s is None or searched.timeout_s > 0:
+            if session.run(progress, say):
+                raise KeyboardInterrupt  # every finished trial is kept; the night resumes
+        else:
+            say("the deadline left no time to search: the incumbent is kept if it holds")
+        return session.summary(say), session.record
 
 
 def verified(
