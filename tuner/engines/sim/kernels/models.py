@@ -113,47 +113,8 @@ def _active(value: Any) -> bool:
 def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
     """The shape of the model ``config`` (a parsed ``config.json``) describes; a one-line
     :class:`TunerError` naming ``name`` for what it is not or cannot tell."""
-    if not isinstance(config, dict):
-        raise TunerError(f"{name}: config.json does not hold a JSON object")
-    if "text_config" in config or "vision_config" in config:
-        raise TunerError(
-            f"{name}: a multimodal config (text_config/vision_config); only dense text decoders "
-            "are modelled"
-        )
-    mla = [key for key in _MLA_KEYS if _active(config.get(key))]
-    if mla:
-        raise TunerError(
-            f"{name}: multi-head latent attention ({', '.join(mla)}) is not modelled; only "
-            "dense decoders with grouped-query or multi-head attention are"
-        )
-    moe = [key for key in _MOE_KEYS if _active(config.get(key))]
-    if moe:
-        raise TunerError(
-            f"{name}: a mixture-of-experts model ({', '.join(moe)}) is not modelled; only "
-            "dense decoders are"
-        )
-    model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise TunerError(
-            f"{name}: model_type {model_type!r} is not modelled (dense decoders of type "
-            f"{', '.join(MODEL_TYPES)} are)"
-        )
-    window = config.get("sliding_window")
-    context = config.get("max_position_embeddings")
-    if (
-        isinstance(window, int)
-        and window > 0
-        and config.get("use_sliding_window", True)
-        and config.get("max_window_layers", 1)
-        and not (isinstance(context, int) and window >= context)
-    ):
-        raise TunerError(
-            f"{name}: sliding-window attention (sliding_window {window}) is not modelled"
-        )
-    if config.get("hidden_act", "silu") != "silu":
-        raise TunerError(
-            f"{name}: hidden_act {config.get('hidden_act')!r}: only the gated SiLU MLP is modelled"
-        )
+    _refuse_unmodelled(config, name)
+    model_type = config["model_type"]
 
     def whole(key: str, default: Any = None) -> int:
         value = config.get(key, default)
@@ -214,6 +175,53 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
             attention_bias=bias,
         ),
     )
+
+
+def _refuse_unmodelled(config: Any, name: str) -> None:
+    """A one-line error naming ``name`` for a config that describes what the kernel profiles
+    do not model: not a JSON object, multimodal, latent attention, experts, another model
+    type, sliding windows, another activation."""
+    if not isinstance(config, dict):
+        raise TunerError(f"{name}: config.json does not hold a JSON object")
+    if "text_config" in config or "vision_config" in config:
+        raise TunerError(
+            f"{name}: a multimodal config (text_config/vision_config); only dense text decoders "
+            "are modelled"
+        )
+    mla = [key for key in _MLA_KEYS if _active(config.get(key))]
+    if mla:
+        raise TunerError(
+            f"{name}: multi-head latent attention ({', '.join(mla)}) is not modelled; only "
+            "dense decoders with grouped-query or multi-head attention are"
+        )
+    moe = [key for key in _MOE_KEYS if _active(config.get(key))]
+    if moe:
+        raise TunerError(
+            f"{name}: a mixture-of-experts model ({', '.join(moe)}) is not modelled; only "
+            "dense decoders are"
+        )
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise TunerError(
+            f"{name}: model_type {model_type!r} is not modelled (dense decoders of type "
+            f"{', '.join(MODEL_TYPES)} are)"
+        )
+    window = config.get("sliding_window")
+    context = config.get("max_position_embeddings")
+    if (
+        isinstance(window, int)
+        and window > 0
+        and config.get("use_sliding_window", True)
+        and config.get("max_window_layers", 1)
+        and not (isinstance(context, int) and window >= context)
+    ):
+        raise TunerError(
+            f"{name}: sliding-window attention (sliding_window {window}) is not modelled"
+        )
+    if config.get("hidden_act", "silu") != "silu":
+        raise TunerError(
+            f"{name}: hidden_act {config.get('hidden_act')!r}: only the gated SiLU MLP is modelled"
+        )
 
 
 def _bundled_file(name: str) -> Path:
