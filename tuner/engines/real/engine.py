@@ -261,7 +261,7 @@ class VllmEngine:
                 log_path=str(spec.log_path),
                 overhead_s=overhead,
             )
-        result, state = watched.result, watched.state
+        result = watched.result
         steps = parse_iteration_log(spec.log_path)
         steps_path = spec.log_path.with_suffix(".steps.jsonl")
         with atomic_text(steps_path) as stream:
@@ -285,17 +285,8 @@ class VllmEngine:
         }
         if watched.served_config:
             details["config_mismatches"] = config_mismatches(resolved, watched.served_config)
-        cut_short = None
-        if watched.guard.certainty is not None and state.stopped_at_s is not None:
-            cut_short = CutShort(
-                reason=watched.guard.certainty.reason,
-                at_s=state.stopped_at_s,
-                schedule_s=trace.requests[-1].arrival_s if trace.requests else 0.0,
-                lower_bounds=watched.guard.certainty.lower_bounds,
-                unfinished=sum(
-                    1 for r in result.records if (r.error or "").startswith("unfinished: cut short")
-                ),
-            )
+        cut_short = watched.cut_short(trace)
+        if cut_short is not None:
             details["cut_short"] = {**asdict(cut_short), "saved_s": cut_short.saved_s}
         return EngineRun(
             metrics=summarize_run(result.records),
@@ -326,6 +317,24 @@ class _Watched:
     watch: MetricsWatch
     served_config: dict[str, Any]
     """What the running server reported of its config (empty when it could not say)."""
+
+    def cut_short(self, trace: Trace) -> CutShort | None:
+        """Where and why the early-abort rule stopped the replay of ``trace`` (``None``: it
+        ran to the end)."""
+        certainty, stopped_at = self.guard.certainty, self.state.stopped_at_s
+        if certainty is None or stopped_at is None:
+            return None
+        return CutShort(
+            reason=certainty.reason,
+            at_s=stopped_at,
+            schedule_s=trace.requests[-1].arrival_s if trace.requests else 0.0,
+            lower_bounds=certainty.lower_bounds,
+            unfinished=sum(
+                1
+                for r in self.result.records
+                if (r.error or "").startswith("unfinished: cut short")
+            ),
+        )
 
 
 async def _watched_replay(
