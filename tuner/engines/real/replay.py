@@ -282,27 +282,36 @@ async def replay(
         for task in tasks:
             task.cancel()
         await asyncio.gather(everything, stopped, return_exceptions=True)
-        unfinished = f"unfinished: {state.stop_reason or 'the replay ended'}"
-        records = []
-        for index, (task, request) in enumerate(zip(tasks, trace.requests, strict=True)):
-            if not task.cancelled() and task.exception() is None:
-                records.append(task.result())
-            else:
-                sent = state.sent_s[index]
-                records.append(
-                    RequestRecord(
-                        id=request.id,
-                        sent_s=float(sent) if not np.isnan(sent) else request.arrival_s,
-                        token_times_s=list(state.token_times[index]),
-                        expected_tokens=request.output_tokens,
-                        traffic_class=request.traffic_class,
-                        error=unfinished,
-                    )
-                )
+        records = _records(tasks, trace, state)
         wall = time.monotonic() - started
     return ReplayResult(
         records=records, lateness_s=lateness, wall_s=wall, started_unix_s=started_unix
     )
+
+
+def _records(
+    tasks: list[asyncio.Task[RequestRecord]], trace: Trace, state: ReplayState
+) -> list[RequestRecord]:
+    """Each request's record: its task's, or, for one stopped or cancelled before its end,
+    what arrived of it, marked unfinished with the reason the replay stopped."""
+    unfinished = f"unfinished: {state.stop_reason or 'the replay ended'}"
+    records = []
+    for index, (task, request) in enumerate(zip(tasks, trace.requests, strict=True)):
+        if not task.cancelled() and task.exception() is None:
+            records.append(task.result())
+            continue
+        sent = state.sent_s[index]
+        records.append(
+            RequestRecord(
+                id=request.id,
+                sent_s=float(sent) if not np.isnan(sent) else request.arrival_s,
+                token_times_s=list(state.token_times[index]),
+                expected_tokens=request.output_tokens,
+                traffic_class=request.traffic_class,
+                error=unfinished,
+            )
+        )
+    return records
 
 
 async def _send(

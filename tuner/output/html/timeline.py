@@ -255,25 +255,7 @@ def timeline_figure(
                 col=column,
             )
             first_other = first_other and slowest
-        for line in lines:
-            fig.add_trace(
-                go.Scatter(
-                    x=list(panel.span),
-                    y=[line.ms, line.ms],
-                    mode="lines+text",
-                    text=[line.label, ""],
-                    textposition="top right",
-                    textfont={"color": SLO_COLOUR},
-                    line={"color": SLO_COLOUR, "width": 2, "dash": "dashdot"},
-                    name=line.label,
-                    legendgroup=line.label,
-                    showlegend=column == 1,
-                    meta={"kind": "slo", "who": panel.who},
-                    hoverinfo="skip",
-                ),
-                row=3,
-                col=column,
-            )
+        _slo_lines(fig, panel, column, lines)
         for name, words, style, at in panel.moments():
             for row in (1, 2, 3):
                 fig.add_vline(
@@ -304,6 +286,30 @@ def timeline_figure(
     for column in range(1, len(compared) + 1):
         fig.update_xaxes(title_text=X_TITLE, row=3, col=column)
     return fig
+
+
+def _slo_lines(fig: go.Figure, panel: TimelinePanel, column: int, lines: Sequence[SloLine]) -> None:
+    """The TPOT and ITL SLOs across a column's inter-token latency row (named in the legend
+    once, by the first column)."""
+    for line in lines:
+        fig.add_trace(
+            go.Scatter(
+                x=list(panel.span),
+                y=[line.ms, line.ms],
+                mode="lines+text",
+                text=[line.label, ""],
+                textposition="top right",
+                textfont={"color": SLO_COLOUR},
+                line={"color": SLO_COLOUR, "width": 2, "dash": "dashdot"},
+                name=line.label,
+                legendgroup=line.label,
+                showlegend=column == 1,
+                meta={"kind": "slo", "who": panel.who},
+                hoverinfo="skip",
+            ),
+            row=3,
+            col=column,
+        )
 
 
 def _steps(fig: go.Figure, panel: TimelinePanel, column: int) -> None:
