@@ -16,7 +16,7 @@ from pydantic import Field
 
 from prefill_tuner.cli import nightly_cmd, options, plan_cmd, run_cmd
 from prefill_tuner.cli.declared_options import cli_type, group
-from prefill_tuner.cli.fields import FLAGS
+from prefill_tuner.cli.fields import FLAGS, with_flags
 from prefill_tuner.declared import Flag, check_declared, flag_name, settings_of, union_members
 from prefill_tuner.engines.factory import EngineOptions
 from prefill_tuner.engines.sim.config import SimConfig
@@ -29,6 +29,7 @@ from prefill_tuner.search_spaces.space import EngineCapabilities, knob_removed
 from prefill_tuner.study.plan import SpaceSpec, StudyPlan, TraceSpec
 from prefill_tuner.study.summary import COLUMNS
 from prefill_tuner.trace import ShapeOptions
+from prefill_tuner.worker.shared import Liveness
 
 
 @dataclass(frozen=True)
@@ -173,3 +174,14 @@ def test_a_knob_newer_than_the_server_is_never_given_to_it() -> None:
     assert why is not None and why.startswith("added to vLLM in 0.33.0")
     assert knob_removed(newer, dataclasses.replace(old, version="0.33.1")) is None
     assert knob_removed(KNOBS["max_num_seqs"], old) is None
+
+
+def test_a_message_names_a_generated_option_by_its_flag() -> None:
+    """A library message naming a field some option was generated from says that option's
+    flag, whether or not ``FLAGS`` lists it."""
+    import prefill_tuner.cli  # noqa: F401  (every command, so every generated option)
+
+    with pytest.raises(TunerError) as caught:
+        Liveness(heartbeat_s=10, grace_s=5)
+    assert with_flags(str(caught.value)) == "--grace 5: must be longer than --heartbeat 10"
+    assert "heartbeat_s" not in FLAGS

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import BaseModel, ValidationError
 
-from prefill_tuner.cli.fields import help_of
+from prefill_tuner.cli.fields import generated, help_of
 from prefill_tuner.declared import Setting, settings_of, union_members
 from prefill_tuner.errors import TunerError
 
@@ -45,6 +45,7 @@ def option(cls: type, field: str, *, panel: str | None = None, **extra: Any) -> 
     if cli_type(setting) in (bool, bool | None):
         flag = f"{flag}/--no-{flag[2:]}"
     extra.setdefault("help", help_of(cls, field))
+    generated(field, setting.flag)  # a library message naming the field says the flag
     info = typer.Option(flag, rich_help_panel=panel, **_typer_bounds(setting), **extra)
     info.declared_by = (cls, field)  # what tests/test_declared.py checks the type against
     return info

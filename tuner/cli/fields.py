@@ -93,10 +93,22 @@ def flag_of(field: str) -> str:
     return FLAGS.get(field) or "--" + field.replace("_", "-")
 
 
+GENERATED: dict[str, str] = {}
+"""The flag of each field an option was generated from (``declared_options.option``): a
+message naming one says its flag though :data:`FLAGS` does not list it."""
+
+
+def generated(field: str, flag: str) -> None:
+    """Record that ``flag`` sets ``field`` (the first flag a field gets stays)."""
+    GENERATED.setdefault(field, flag)
+
+
 def with_flags(message: str) -> str:
     """A library message as the command line says it: every field it names in backticks
     becomes its flag (a name no flag sets loses its backticks)."""
-    return _FIELD.sub(lambda m: FLAGS.get(m.group(1), m.group(1)), message)
+    return _FIELD.sub(
+        lambda m: FLAGS.get(m.group(1)) or GENERATED.get(m.group(1), m.group(1)), message
+    )
 
 
 def help_of(cls: type, field: str, *, prefix: str = "") -> str:

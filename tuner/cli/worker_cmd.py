@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from prefill_tuner import defaults, exit_codes
+from prefill_tuner.cli.declared_options import group
 from prefill_tuner.cli.display import (
     WorkerDisplay,
     error_console,
@@ -26,10 +27,13 @@ from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.study.plan import check_study_name
 from prefill_tuner.worker.definition import plan_from_record
 from prefill_tuner.worker.loop import run_worker
-from prefill_tuner.worker.shared import open_shared_study
+from prefill_tuner.worker.shared import Liveness, open_shared_study
+
+LIVENESS = group(Liveness, ("heartbeat_s", "grace_s"), panel="Worker")
+"""A worker's heartbeats and the grace before a silent one is taken for dead."""
 
 
-@with_options(engine=ENGINE)
+@with_options(liveness=LIVENESS, engine=ENGINE)
 def worker_command(
     study_name: Annotated[
         str, typer.Option("--study", help="The shared study (created by tune run).")
@@ -44,35 +48,15 @@ def worker_command(
         ),
     ] = None,
     seed: SeedOpt = 0,
-    heartbeat: Annotated[
-        int,
-        typer.Option(
-            "--heartbeat",
-            min=1,
-            max=defaults.MAX_HEARTBEAT_S,
-            help="Seconds between a trial's heartbeats.",
-        ),
-    ] = defaults.HEARTBEAT_S,
-    grace: Annotated[
-        int,
-        typer.Option(
-            "--grace",
-            min=1,
-            max=defaults.MAX_GRACE_S,
-            help="Seconds without a heartbeat after which a trial's worker is taken for dead: "
-            "its trial is failed and run again by another worker.",
-        ),
-    ] = defaults.GRACE_S,
     name: Annotated[
         str | None, typer.Option("--name", help="This worker's name (default: HOST:PID).")
     ] = None,
     *,
+    liveness: Liveness,
     engine: EngineOptions,
 ) -> None:
     """Run trials of a shared study (any number of workers, on any machines) until it has its
     target of trials; the study comes from `tune run ... --create-only`."""
-    if grace <= heartbeat:
-        raise TunerError(f"--grace {grace}: must be longer than --heartbeat {heartbeat}")
     check_study_name(study_name)
     quiet_optuna()
     store = TunerStore(storage, create=False)  # the study must exist
@@ -104,8 +88,8 @@ def worker_command(
             record,
             trial_engine,
             worker=worker,
-            heartbeat_interval=heartbeat,
-            grace_period=grace,
+            heartbeat_interval=liveness.heartbeat_s,
+            grace_period=liveness.grace_s,
         )
         display = WorkerDisplay(error_console(), worker, plan)
         display.say(
@@ -114,7 +98,7 @@ def worker_command(
         )
         try:
             with stop_signals(display.console):
-                summary = run_worker(shared, heartbeat, display.events())
+                summary = run_worker(shared, liveness.heartbeat_s, display.events())
         except KeyboardInterrupt:
             if not display.interrupted:
                 display.say("interrupted between trials")

@@ -7,10 +7,14 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Annotated
 
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from pydantic import Field
 
+from prefill_tuner import defaults
+from prefill_tuner.declared import check_declared
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.errors import TunerError
 from prefill_tuner.storage.batched import optuna_storage
@@ -18,6 +22,26 @@ from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
 from prefill_tuner.study.plan import StudyPlan
 from prefill_tuner.study.run import study_directions
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How a worker shows it is alive, and when a silent one is taken for dead."""
+
+    # The first paragraph of each field's docstring is its option's help (tune worker).
+    heartbeat_s: Annotated[int, Field(ge=1, le=defaults.MAX_HEARTBEAT_S)] = defaults.HEARTBEAT_S
+    """Seconds between a trial's heartbeats."""
+    grace_s: Annotated[int, Field(ge=1, le=defaults.MAX_GRACE_S)] = defaults.GRACE_S
+    """Seconds without a heartbeat after which a trial's worker is taken for dead: its trial
+    is failed and run again by another worker."""
+
+    def __post_init__(self) -> None:
+        check_declared(self)
+        if self.grace_s <= self.heartbeat_s:
+            raise TunerError(
+                f"`grace_s` {self.grace_s}: must be longer than `heartbeat_s` {self.heartbeat_s}"
+            )
+
 
 MAX_RETRIES = 2
 """Times a dead worker's trial is queued again: a trial that kills every worker that runs it
