@@ -66,7 +66,7 @@ def test_a_field_declares_its_flag_bounds_choices_default_and_help() -> None:
     [
         ({"count": 0}, "`count` 0: Input should be greater than or equal to 1"),
         ({"count": 9}, "`count` 9: Input should be less than or equal to 8"),
-        ({"mode": "c"}, "`mode` 'c': Input should be 'a' or 'b'"),
+        ({"mode": "c"}, "`mode` 'c': expected one of a, b"),
         ({"count": True}, "`count` True: Input should be a valid integer"),
     ],
 )

@@ -130,12 +130,16 @@ def check_values(cls: type, **values: Any) -> None:
             try:
                 _adapter(cls, name).validate_python(value, strict=True)
             except ValidationError as exc:
-                raise TunerError(problem(name, value, exc)) from None
+                raise TunerError(problem(name, value, exc, settings[name].choices)) from None
 
 
-def problem(field: str, value: Any, exc: ValidationError) -> str:
-    """A pydantic error on ``field`` in one line: `` `field` VALUE: what is wrong ``."""
-    message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+def problem(field: str, value: Any, exc: ValidationError, choices: tuple[Any, ...] = ()) -> str:
+    """A pydantic error on ``field`` in one line: `` `field` VALUE: what is wrong `` (a value
+    outside a choice: ``expected one of`` the ``choices``)."""
+    error = exc.errors()[0]
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "literal_error" and choices:
+        message = "expected one of " + ", ".join(str(choice) for choice in choices)
     return f"`{field}` {value!r}: {message}"
 
 

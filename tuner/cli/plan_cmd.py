@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from prefill_tuner import defaults, exit_codes
-from prefill_tuner.cli.declared_options import option
+from prefill_tuner.cli.declared_options import group, option
 from prefill_tuner.cli.display import (
     ProgressDisplay,
     error_console,
@@ -33,9 +33,7 @@ from prefill_tuner.cli.options import (
 )
 from prefill_tuner.cli.tables import render_summary
 from prefill_tuner.engines.sim.hardware import ProfileSpec
-from prefill_tuner.engines.sim.routing import ROUTERS
 from prefill_tuner.engines.sim.trial_engine import SimEngine
-from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.scoring import ERRORS
 from prefill_tuner.output.documents import plan_document
 from prefill_tuner.stopping import stop_signals
@@ -50,34 +48,21 @@ from prefill_tuner.study.plan import (
 from prefill_tuner.study.replica_count import (
     CountResult,
     ReplicaPlan,
+    ReplicaSearch,
     count_study_name,
     plan_replicas,
     replica_details,
 )
 from prefill_tuner.study.run import StudyProgress
 
-MAX_REPLICAS = 1024
-"""The most replicas ``--max-replicas`` takes (each is simulated)."""
+SEARCH = group(ReplicaSearch, ("router", "max_replicas"), panel="Replicas")
+"""The router and the most replicas (:class:`ReplicaSearch`'s fields)."""
 
 
-@with_options(trace=TRACE, space=SPACE, hardware=HARDWARE)
+@with_options(search=SEARCH, trace=TRACE, space=SPACE, hardware=HARDWARE)
 def plan_command(
     slo: SloOpt,
     trace_file: SampledTraceOpt = defaults.SAMPLE_TRACE,
-    router: Annotated[
-        str,
-        typer.Option(
-            "--router",
-            help="How requests are spread: round-robin, least-outstanding (fewest in flight) "
-            "or prefix-aware (SGLang's cache-aware policy).",
-        ),
-    ] = defaults.ROUTER,
-    max_replicas: Annotated[
-        int,
-        typer.Option(
-            "--max-replicas", min=1, max=MAX_REPLICAS, help="The most replicas to consider."
-        ),
-    ] = defaults.MAX_REPLICAS,
     trials: Annotated[
         int,
         option(
@@ -100,6 +85,7 @@ def plan_command(
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
     *,
+    search: ReplicaSearch,
     trace: TraceChoice,
     space: SpaceSpec,
     hardware: ProfileSpec,
@@ -108,8 +94,7 @@ def plan_command(
     meet the SLOs, and those settings. Exit code 0: found; 4: not within --max-replicas;
     2: bad input; 130: interrupted (the same command resumes)."""
     err = error_console()
-    if router not in ROUTERS:  # before the trace is read
-        raise TunerError(f"--router {router!r}: expected one of {', '.join(ROUTERS)}")
+    router, max_replicas = search.router, search.max_replicas  # checked before the trace is read
     model = hardware.serve_name(model)
     step_model = hardware.step_model(model, space.fixed.get("max_model_len"))
     plan = build_plan(

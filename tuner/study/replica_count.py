@@ -20,11 +20,15 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
+from pydantic import Field
+
+from prefill_tuner import defaults
+from prefill_tuner.declared import check_declared
 from prefill_tuner.engines.sim.cost_model import StepModel
-from prefill_tuner.engines.sim.routing import ROUTERS
+from prefill_tuner.engines.sim.routing import RouterName
 from prefill_tuner.engines.sim.trial_engine import ReplicatedSimEngine
-from prefill_tuner.errors import TunerError
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.infeasibility import Floor, latency_floor
 from prefill_tuner.study.plan import StudyPlan
@@ -45,6 +49,25 @@ class CountResult:
     @property
     def met(self) -> bool:
         return self.summary.recommended is not None
+
+
+MOST_REPLICAS = 1024
+"""The most replicas a search may consider (each is simulated)."""
+
+
+@dataclass(frozen=True)
+class ReplicaSearch:
+    """How replica counts are searched (``tune plan``)."""
+
+    # The first paragraph of each field's docstring is its option's help.
+    router: RouterName = defaults.ROUTER  # type: ignore[assignment]
+    """How requests are spread: round-robin, least-outstanding (fewest in flight) or
+    prefix-aware (SGLang's cache-aware policy)."""
+    max_replicas: Annotated[int, Field(ge=1, le=MOST_REPLICAS)] = defaults.MAX_REPLICAS
+    """The most replicas to consider."""
+
+    def __post_init__(self) -> None:
+        check_declared(self)
 
 
 @dataclass(frozen=True)
@@ -128,10 +151,7 @@ def plan_replicas(
     count's study (``plan.trials`` trials each).
     ``progress(count, plan, met)``: a progress reporter for the study of ``count`` replicas
     (``met``: a stored trial of it already meets the SLOs)."""
-    if router not in ROUTERS:
-        raise TunerError(f"router {router!r}: expected one of {', '.join(ROUTERS)}")
-    if max_replicas < 1:
-        raise TunerError(f"max_replicas {max_replicas}: at least 1 replica")
+    ReplicaSearch(router, max_replicas)  # type: ignore[arg-type]  # checked as declared
     counts: dict[int, CountResult] = {}
     fewest, floors_below = fewest_possible(plan, profile, max_replicas)
     if fewest is None:

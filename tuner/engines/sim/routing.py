@@ -19,11 +19,13 @@ sent where. The policies are the ones production routers ship (``docs/replicas.m
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 from prefill_tuner.engines.sim.request import SimRequest
 
-ROUTERS = ("round-robin", "least-outstanding", "prefix-aware")
+RouterName = Literal["round-robin", "least-outstanding", "prefix-aware"]
+"""The routers :func:`make_router` makes."""
+ROUTERS: tuple[str, ...] = get_args(RouterName)
 
 BALANCE_ABS = 32
 """SGLang router's ``balance_abs_threshold`` default."""
