@@ -32,6 +32,9 @@ class OptionGroup:
 
     params: tuple[inspect.Parameter, ...]
     build: Callable[..., Any]
+    leading: bool = False
+    """Its flags come before the command's own in ``--help`` (a study's: what a user gives
+    first); the others' after."""
 
 
 def option(cls: type, field: str, *, panel: str | None = None, **extra: Any) -> Any:

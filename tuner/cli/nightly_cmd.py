@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -37,11 +38,14 @@ from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.plan import SpaceSpec, build_plan
 from prefill_tuner.study.run import baseline_outside
 
-NIGHT = group(
-    NightlyJob,
-    ("family", "deadline_s", "repeats", "min_gain", "report_dir", "verify"),
-    panel="Night",
-    build=lambda **values: values,
+NIGHT = dataclasses.replace(
+    group(
+        NightlyJob,
+        ("family", "deadline_s", "repeats", "min_gain", "report_dir", "verify"),
+        panel="Night",
+        build=lambda **values: values,
+    ),
+    leading=True,
 )
 """The night's own options (:class:`NightlyJob`'s fields)."""
 STUDY_OF_THE_NIGHT = study_options(

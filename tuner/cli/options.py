@@ -431,7 +431,7 @@ def study_options(*fields: str, **extra: dict[str, Any]) -> OptionGroup:
             values["judge_windows"] = tuple(values["judge_windows"] or ())
         return values
 
-    return OptionGroup(params, build)
+    return OptionGroup(params, build, leading=True)
 
 
 STUDY = study_options(
@@ -470,7 +470,8 @@ def with_options(**groups: OptionGroup) -> Callable[[Command], Command]:
             for p in signature.parameters.values()
             if p.name not in groups
         ]
-        added = [param for group in groups.values() for param in group.params]
+        leading = [p for group in groups.values() if group.leading for p in group.params]
+        added = [p for group in groups.values() if not group.leading for p in group.params]
 
         @functools.wraps(command)
         def wrapper(**values: Any) -> Any:
@@ -480,7 +481,8 @@ def with_options(**groups: OptionGroup) -> Callable[[Command], Command]:
                 )
             return command(**values)
 
-        wrapper.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
+        parameters = leading + own + added
+        wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate
