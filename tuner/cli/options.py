@@ -83,7 +83,6 @@ SampledTraceOpt = Annotated[
     ),
 ]
 """A trace to tune on, the bundled sample (``defaults.SAMPLE_TRACE``) when none is given."""
-MAX_SEED, MAX_TRIALS = defaults.MAX_SEED, defaults.MAX_TRIALS
 STDOUT = Path("-")
 """An output given as ``-``: standard output (export, report, trace convert and synth)."""
 MovedTraceOpt = Annotated[

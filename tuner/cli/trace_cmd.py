@@ -10,13 +10,13 @@ import typer
 
 from prefill_tuner.cli.display import error_console, json_safe, output_console, render_stats
 from prefill_tuner.cli.options import (
-    MAX_SEED,
     STDOUT,
     TRACE_WITH_LENGTH,
     JsonOpt,
     TraceChoice,
     with_options,
 )
+from prefill_tuner.defaults import MAX_SEED
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import check_output
 from prefill_tuner.trace import Trace, load_trace
