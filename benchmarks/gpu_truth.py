@@ -65,9 +65,14 @@ class Row:
     batch: int
     ttft_ms: float
     tpot_ms: float
+    expert_parallel: bool = False
+    """A mixture-of-experts run's experts spread whole over the GPUs (``moe_ep_size`` > 1)."""
+    attention_dp: int = 1
+    """Data-parallel attention ranks (not modelled: such rows are left out, and counted)."""
 
     def label(self) -> str:
-        return f"tp{self.tp} {self.dtype} {self.isl}/{self.osl} c={self.batch}"
+        ep = "ep " if self.expert_parallel else ""
+        return f"tp{self.tp} {ep}{self.dtype} {self.isl}/{self.osl} c={self.batch}"
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,8 @@ def read_rows(path: Path) -> list[Row]:
                 batch=int(line["batch_size"]),
                 ttft_ms=float(line["silicon_ttft_ms"]),
                 tpot_ms=float(line["silicon_tpot_ms"]),
+                expert_parallel=int(line.get("moe_ep_size") or 1) > 1,
+                attention_dp=int(line.get("attention_dp_size") or 1),
             )
             for line in csv.DictReader(stream)
         ]
@@ -116,11 +123,19 @@ def replay(
     per_slot: int,
     path: dict[str, float] | None = None,
     vary: float = 0.0,
+    kv_cache_dtype: str = "auto",
 ) -> Compared:
     """The row's workload on the simulator: its means, in milliseconds. ``path``: request-path
     terms set on the profile, to see what they move."""
     config_file = models / f"{row.model.replace('/', '--')}.json"
-    spec = ProfileSpec(model_config=str(config_file), gpu=row.gpu, tp=row.tp, dtype=row.dtype)  # type: ignore[arg-type]
+    spec = ProfileSpec(
+        model_config=str(config_file),
+        gpu=row.gpu,
+        tp=row.tp,
+        dtype=row.dtype,  # type: ignore[arg-type]
+        expert_parallel=row.expert_parallel,
+        kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
+    )
     profile = spec.step_model(row.model, math.ceil((row.isl + row.osl) * (1 + vary)))
     if path:
         profile = profile.model_copy(update=path)
@@ -174,12 +189,17 @@ def main() -> int:
         help="set request-path terms of the profiles (an experiment: what they move)",
     )
     parser.add_argument("--vary-lengths", type=float, default=0.0, metavar="FRACTION")
+    parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
     args = parser.parse_args()
     if not 0 <= args.vary_lengths < 1:
         parser.error("--vary-lengths: a fraction from 0 to under 1")
     if not args.truth.is_file():
         parser.error(f"{args.truth}: no such file (the shared GPU runs sit beside the repository)")
     rows = read_rows(args.truth)
+    left_out = [row for row in rows if row.attention_dp > 1]
+    rows = [row for row in rows if row.attention_dp == 1]
+    if left_out:
+        print(f"left out: {len(left_out)} runs with data-parallel attention (not modelled)\n")
     if args.smoke:
         rows, args.per_slot = rows[:3], 2
     path = None
@@ -190,7 +210,10 @@ def main() -> int:
             parser.error(f"--path: {', '.join(sorted(unknown))}: not one of {PATH_TERMS}")
         path = {term: float(value) for term, value in terms.items()}
     models = args.truth.parent / "models"
-    compared = [replay(row, models, args.per_slot, path, args.vary_lengths) for row in rows]
+    compared = [
+        replay(row, models, args.per_slot, path, args.vary_lengths, args.kv_cache_dtype)
+        for row in rows
+    ]
     print(
         "| run | TTFT sim / real ms | error | TPOT sim / real ms | error | together "
         "| TTFT first wave / later ms |"

@@ -105,8 +105,18 @@ def test_a_config_json_or_its_folder_is_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "words"),
     [
-        ({"model_type": "mixtral", "num_local_experts": 8}, "mixture-of-experts"),
-        ({"model_type": "qwen3_moe", "num_experts": 128}, "mixture-of-experts"),
+        ({"model_type": "gpt_oss", "num_local_experts": 32}, "model_type 'gpt_oss'"),
+        ({"model_type": "mixtral", "num_local_experts": 8}, "num_experts_per_tok"),
+        (
+            {
+                "model_type": "qwen3_moe",
+                "num_experts": 8,
+                "num_experts_per_tok": 2,
+                "decoder_sparse_step": 2,
+            },
+            "dense layers among the expert layers",
+        ),
+        ({"model_type": "mistral", "quantization_config": {"quant_method": "awq"}}, "awq"),
         ({"model_type": "deepseek_v3", "kv_lora_rank": 512, "n_routed_experts": 256}, "latent"),
         ({"model_type": "mistral", "sliding_window": 4096}, "sliding-window"),
         ({"model_type": "gemma2"}, "model_type 'gemma2'"),

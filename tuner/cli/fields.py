@@ -62,6 +62,7 @@ FLAGS: dict[str, str] = {
     "gpu": "--gpu",
     "tp": "--tp",
     "dtype": "--dtype",
+    "expert_parallel": "--enable-expert-parallel",
     "kv_cache_dtype": "--kv-cache-dtype",
     "gpu_memory_utilization": "--gpu-memory-utilization",
     # the simulator's own KV pool (tune simulate)

@@ -132,7 +132,16 @@ def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
 HARDWARE_PANEL = "Simulated hardware"
 _HARDWARE = group(
     ProfileSpec,
-    ("profile", "model_config", "gpu", "tp", "dtype", "kv_cache_dtype", "gpu_memory_utilization"),
+    (
+        "profile",
+        "model_config",
+        "gpu",
+        "tp",
+        "dtype",
+        "expert_parallel",
+        "kv_cache_dtype",
+        "gpu_memory_utilization",
+    ),
     panel=HARDWARE_PANEL,
     extra={"profile": {"show_default": defaults.PROFILE}},
 ).params

@@ -83,7 +83,8 @@ def _command(hardware: ProfileSpec, model: str, max_model_len: int | None, name:
     args += ["--gpu", str(hardware.gpu)]
     given = {
         "--tp": (hardware.tp, 1),
-        "--dtype": (hardware.dtype, "bf16"),
+        "--dtype": (hardware.dtype, None),
+        "--enable-expert-parallel": (hardware.expert_parallel, False),
         "--kv-cache-dtype": (hardware.kv_cache_dtype, "auto"),
         "--gpu-memory-utilization": (
             hardware.gpu_memory_utilization,
@@ -93,7 +94,9 @@ def _command(hardware: ProfileSpec, model: str, max_model_len: int | None, name:
         "--name": (name, None),
     }
     for flag, (value, default) in given.items():
-        if value != default:
+        if value is True:
+            args.append(flag)
+        elif value != default:
             args += [flag, str(value)]
     return shlex.join([*args, "-o", "FILE"])
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field
 
 from prefill_tuner import defaults
-from prefill_tuner.declared import check_declared
+from prefill_tuner.declared import Flag, check_declared
 from prefill_tuner.defaults import GPU_MEMORY_UTILIZATION
 from prefill_tuner.errors import TunerError
 
@@ -48,8 +48,13 @@ class ProfileSpec:
     tables name it (h100_sxm; tune profile --list names them all)."""
     tp: Annotated[int, Field(ge=1, le=MAX_TP)] = 1
     """With ``gpu``: tensor-parallel size (serve lines carry --tensor-parallel-size)."""
-    dtype: Literal["bf16", "fp8"] = "bf16"
-    """With ``gpu``: weights and GEMMs, bf16 or fp8."""
+    dtype: Literal["bf16", "fp8"] | None = None
+    """With ``gpu``: weights and GEMMs, bf16 or fp8 (default: the checkpoint's, from its
+    config's quantization_config; bf16 when it has none)."""
+    expert_parallel: Annotated[bool, Flag("--enable-expert-parallel")] = False
+    """With ``gpu``, a mixture-of-experts model: spread the experts whole over the
+    tensor-parallel GPUs, as vLLM's --enable-expert-parallel does (default: split each expert
+    over them)."""
     kv_cache_dtype: Literal["auto", "bf16", "fp8"] = "auto"
     """With ``gpu``: the KV cache's dtype (auto: bf16)."""
     gpu_memory_utilization: Annotated[float, Field(ge=0.01, le=1)] = GPU_MEMORY_UTILIZATION
@@ -78,7 +83,8 @@ class ProfileSpec:
                 for name, given in (
                     ("model_config", self.model_config is not None),
                     ("tp", self.tp != 1),
-                    ("dtype", self.dtype != "bf16"),
+                    ("dtype", self.dtype is not None),
+                    ("expert_parallel", self.expert_parallel),
                     ("kv_cache_dtype", self.kv_cache_dtype != "auto"),
                     (
                         "gpu_memory_utilization",
@@ -125,6 +131,7 @@ class ProfileSpec:
             self.gpu_memory_utilization,
             max_model_len,
             name,
+            self.expert_parallel,
         )
 
     def serve_name(self, model: str) -> str:
@@ -140,21 +147,24 @@ def _built(
     model: str,
     gpu: str,
     tp: int,
-    dtype: Literal["bf16", "fp8"],
+    dtype: Literal["bf16", "fp8"] | None,
     kv_cache_dtype: str,
     gpu_memory_utilization: float,
     max_model_len: int | None,
     name: str | None = None,
+    expert_parallel: bool = False,
 ) -> KernelProfile:
     from prefill_tuner.engines.sim.kernels import build_kernel_profile, load_model_shape
 
+    shape = load_model_shape(model)
     return build_kernel_profile(
-        load_model_shape(model),
+        shape,
         gpu,
         tp,
-        dtype,
+        dtype or ("bf16" if shape.checkpoint_dtype == "bf16" else "fp8"),
         kv_cache_dtype=kv_cache_dtype,
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len,
         name=name,
+        expert_parallel=expert_parallel,
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 from pydantic import (
@@ -204,12 +204,21 @@ class RequestPath(BaseModel):
     and streaming one request's token): the step's outputs reach their clients one after
     another (0 until calibrated)."""
 
+    left_out_at_default: ClassVar[tuple[str, ...]] = ()
+    """Fields a record leaves out while at their defaults (besides the later path terms), so
+    that a profile's content, which names it in a study's engine version, is what it was
+    before they existed."""
+
     @model_serializer(mode="wrap")
     def _without_unset_path_terms(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
         if isinstance(data, dict):
             for name in _LATER_PATH_TERMS:
                 if name in data and not data[name]:
+                    del data[name]
+            fields = type(self).model_fields
+            for name in self.left_out_at_default:
+                if name in data and getattr(self, name) == fields[name].default:
                     del data[name]
         return data
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from prefill_tuner.defaults import GPU_MEMORY_UTILIZATION
+from prefill_tuner.engines.sim.kernels.experts import expert_dtype, expert_layout, experts_curve
 from prefill_tuner.engines.sim.kernels.memory import (
     BLOCK_SIZE,
     SAMPLER_PASSES,
@@ -318,24 +319,47 @@ def build_kernel_profile(
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
     max_model_len: int | None = None,
     name: str | None = None,
+    expert_parallel: bool = False,
 ) -> KernelProfile:
     """The kernel profile of ``model`` on ``tp`` GPUs ``gpu`` with ``dtype`` weights (and a
     ``kv_cache_dtype`` KV cache: ``bf16`` unless ``fp8``), its KV pool sized as vLLM sizes it
     at ``gpu_memory_utilization``, serving up to ``max_model_len`` tokens (the model's context
-    unless given). A one-line :class:`TunerError` naming the field for anything the tables do
-    not cover or vLLM would refuse."""
+    unless given); a mixture-of-experts model's experts split over the GPUs, or spread whole
+    with ``expert_parallel``. A one-line :class:`TunerError` naming the field for anything the
+    tables do not cover or vLLM would refuse."""
     tables = gpu_tables(gpu)
     system = tables.system
     notes = _Notes()
     kv = _checked_request(tables, gpu, tp, dtype, kv_cache_dtype, gpu_memory_utilization)
+    if model.checkpoint_dtype != "bf16" and dtype != "fp8":
+        raise TunerError(
+            f"`dtype` {dtype}: {model.name} is an {model.checkpoint_dtype} checkpoint, which "
+            "vLLM runs in fp8"
+        )
+    if expert_parallel and not model.moe:
+        raise TunerError(f"`expert_parallel`: {model.name} has no experts")
     heads, kv_heads, hd, mlp, vocab, vocab_shard = shard(model, tp)
 
     gemms = {
         "qkv": _gemm(tables, dtype, "qkv", (heads + 2 * kv_heads) * hd, model.hidden, notes),
         "o": _gemm(tables, dtype, "o", model.hidden, heads * hd, notes),
-        "gate_up": _gemm(tables, dtype, "gate_up", 2 * mlp, model.hidden, notes),
-        "down": _gemm(tables, dtype, "down", model.hidden, mlp, notes),
     }
+    experts = experts_dtype = None
+    if model.moe:
+        experts_dtype = expert_dtype(model, dtype)
+        moe_tp, moe_ep = expert_layout(model, tp, expert_parallel)
+        experts, read = experts_curve(tables, model, experts_dtype, moe_tp, moe_ep)
+        notes.interpolated.append(read)
+        gemms["router"] = _gemm(tables, "bf16", "router", model.experts, model.hidden, notes)
+        if model.shared_intermediate:
+            width = model.shared_intermediate // tp
+            gemms["shared_gate_up"] = _gemm(
+                tables, dtype, "shared_gate_up", 2 * width, model.hidden, notes
+            )
+            gemms["shared_down"] = _gemm(tables, dtype, "shared_down", model.hidden, width, notes)
+    else:
+        gemms["gate_up"] = _gemm(tables, dtype, "gate_up", 2 * mlp, model.hidden, notes)
+        gemms["down"] = _gemm(tables, dtype, "down", model.hidden, mlp, notes)
     lm_head = _gemm(tables, "bf16", "lm_head", vocab_shard, model.hidden, notes)
     m_axis = tables[f"gemm.{dtype}.m"]
     if tables[f"gemm.{dtype}.m"].tolist() != tables["gemm.bf16.m"].tolist():
@@ -352,11 +376,13 @@ def build_kernel_profile(
     memory_ops = memory_bound_ops(model, heads, kv_heads, hd, mlp, vocab)
     bandwidth = system["mem_bw"] * system["mem_bw_empirical_scaling_factor"]
 
-    pool = kv_pool(model, tables, gpu, tp, dtype, kv, gpu_memory_utilization, max_model_len)
-    provenance = _provenance(model, tables, gpu, tp, dtype, kv, pool, notes)
-    label = name or f"{_short_name(model.name)}-{gpu}-tp{tp}-{dtype}" + (
-        "-kv-fp8" if kv == "fp8" else ""
+    pool = kv_pool(
+        model, tables, gpu, tp, dtype, kv, gpu_memory_utilization, max_model_len, expert_parallel
     )
+    provenance = _provenance(model, tables, gpu, tp, dtype, kv, pool, notes, experts_dtype)
+    label = name or f"{_short_name(model.name)}-{gpu}-tp{tp}" + (
+        "-ep" if expert_parallel else ""
+    ) + f"-{dtype}" + ("-kv-fp8" if kv == "fp8" else "")
     return KernelProfile(
         name=label,
         description=(
@@ -367,6 +393,10 @@ def build_kernel_profile(
         gpu=gpu,
         tp=tp,
         dtype=dtype,
+        checkpoint_dtype=model.checkpoint_dtype,
+        expert_dtype=experts_dtype,
+        expert_parallel=expert_parallel,
+        experts=experts,
         kv_cache_dtype="fp8" if kv == "fp8" else "bf16",
         layers=model.layers,
         hidden=model.hidden,
@@ -449,6 +479,7 @@ def _provenance(
     kv: str,
     pool: KvPool,
     notes: _Notes,
+    experts_dtype: str | None = None,
 ) -> Provenance:
     """Where every number of the profile comes from: the tables, their kernels and versions,
     and what is estimated."""
@@ -470,6 +501,10 @@ def _provenance(
         "gemm": sources["gemm"]["described"],
         "attention": sources["attention"]["described"],
     }
+    if experts_dtype is not None:
+        moe = sources["moe"]
+        kernels["experts"] = " or ".join(moe["kernels"][experts_dtype]["kernel_sources"])
+        table_versions["experts"] = moe["described"] + " (" + moe["source"] + ")"
     if tp > 1:
         kernels["all-reduce"] = sources["allreduce"]["kernel_source"]
         kernels["logits gather"] = "NCCL all_gather"

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prefill_tuner.engines.sim.kernels.experts import (
+    expert_dtype,
+    expert_layout,
+    expert_weight_elements,
+)
 from prefill_tuner.engines.sim.kernels.models import ModelShape
 from prefill_tuner.engines.sim.kernels.profile import MemoryOp, MemoryPlan
 from prefill_tuner.engines.sim.kernels.tables import GpuTables
@@ -49,8 +54,10 @@ def gib(value: float) -> str:
 
 def shard(model: ModelShape, tp: int) -> tuple[int, int, int, int, int, int]:
     """One GPU's shard of ``model`` at tensor parallelism ``tp``: attention heads, KV heads,
-    head size, MLP width, the padded vocabulary and its shard (vLLM's tensor-parallel
-    layers); a one-line :class:`TunerError` where vLLM would refuse ``tp``."""
+    head size, MLP width (0 for a mixture-of-experts model: its experts are split by
+    :func:`~prefill_tuner.engines.sim.kernels.experts.expert_layout`), the padded vocabulary
+    and its shard (vLLM's tensor-parallel layers); a one-line :class:`TunerError` where vLLM
+    would refuse ``tp``."""
     if model.heads % tp:
         raise TunerError(
             f"`tp` {tp}: {model.name}'s {model.heads} attention heads are not divisible by it "
@@ -61,14 +68,14 @@ def shard(model: ModelShape, tp: int) -> tuple[int, int, int, int, int, int]:
             f"`tp` {tp}: {model.name}'s {model.kv_heads} KV heads neither divide among nor "
             "replicate over it (vLLM requires one or the other)"
         )
-    if model.intermediate % tp:
+    if not model.moe and model.intermediate % tp:
         raise TunerError(
             f"`tp` {tp}: {model.name}'s MLP width {model.intermediate} is not divisible by it"
         )
     heads = model.heads // tp
     kv_heads = max(1, model.kv_heads // tp)
     hd = model.head_dim
-    mlp = model.intermediate // tp
+    mlp = 0 if model.moe else model.intermediate // tp
     vocab = -(-model.vocab // 64) * 64  # vLLM pads the vocabulary to a multiple of 64
     vocab_shard = -(-vocab // tp)
 
@@ -98,13 +105,25 @@ def memory_bound_ops(
             launches=layers,
             bytes_per_unit=layers * 2 * a * (q_shard + k_shard),
         ),
-        MemoryOp(
-            name="SiLU and multiply",
-            per="token",
-            launches=layers,
-            bytes_per_unit=layers * 3 * a * mlp,
-        ),
     ]
+    if model.moe:
+        memory_ops.append(
+            MemoryOp(
+                name="router top-k (softmax over the experts' fp32 logits, pick k)",
+                per="token",
+                launches=layers,
+                bytes_per_unit=layers * (4 * model.experts + 8 * model.experts_per_token),
+            )
+        )
+    else:
+        memory_ops.append(
+            MemoryOp(
+                name="SiLU and multiply",
+                per="token",
+                launches=layers,
+                bytes_per_unit=layers * 3 * a * mlp,
+            )
+        )
     if model.qk_norm:
         memory_ops.append(
             MemoryOp(
@@ -148,11 +167,13 @@ def kv_pool(
     kv: str,
     gpu_memory_utilization: float,
     max_model_len: int | None,
+    expert_parallel: bool = False,
 ) -> KvPool:
     """The KV pool, as vLLM sizes it: ``gpu_memory_utilization`` of the GPU's memory, less the
     weights, the profiling run's activation peak (a max_num_batched_tokens forward pass, or
     the dummy sampler run over max_num_seqs requests), CUDA graphs and non-torch memory; a
-    one-line :class:`TunerError` where vLLM would refuse to start."""
+    one-line :class:`TunerError` where vLLM would refuse to start. Every expert's weights
+    count (a ``tp``-th of them on each GPU, however they are split)."""
     system = tables.system
     a = ACTIVATION_BYTES
     layers = model.layers
@@ -169,7 +190,15 @@ def kv_pool(
         small += layers * (heads + 2 * kv_heads) * hd
     embeddings = vocab_shard * model.hidden * (1 if model.tied_embeddings else 2)
     weight_bytes = linear * w + (small + embeddings) * a
-    forward_peak = batched * a * (2 * model.hidden + 3 * mlp + (heads + 2 * kv_heads) * hd)
+    forward = 2 * model.hidden + 3 * mlp + (heads + 2 * kv_heads) * hd
+    if model.moe:
+        experts, router = expert_weight_elements(model, tp)
+        weight_bytes += experts * (2 if expert_dtype(model, dtype) == "bf16" else 1) + router * a
+        moe_tp, _ = expert_layout(model, tp, expert_parallel)
+        # The fused kernel's workspaces: each token's k gate-up, activation and down outputs.
+        width = model.expert_intermediate // moe_tp
+        forward += model.experts_per_token * (3 * width + model.hidden)
+    forward_peak = batched * a * forward
     sampler_peak = seqs * vocab * 4 * SAMPLER_COPIES
     nccl = int(system["nccl_mem"].get(str(tp), max(system["nccl_mem"].values())))
     reserve = max(forward_peak, sampler_peak) + CUDA_GRAPH_BYTES + NON_TORCH_BYTES + nccl

@@ -1,10 +1,13 @@
-"""A dense decoder's shape, as the kernel profile needs it, from a HuggingFace ``config.json``.
+"""A decoder's shape, as the kernel profile needs it, from a HuggingFace ``config.json``.
 
 Only what decides the kernels vLLM runs and the memory they need: layers, hidden size, query
-and KV heads, head size, MLP width, vocabulary, tied embeddings, the context length and the
-parameter count. Llama, Mistral, Qwen2 and Qwen3 (GQA or MHA, a gated SiLU MLP, RMSNorm) are
-modelled; mixture-of-experts and multi-head latent attention models, sliding-window attention
-and multimodal configs are refused with one line (:class:`~prefill_tuner.errors.TunerError`).
+and KV heads, head size, MLP width, vocabulary, tied embeddings, the context length, the
+parameter count and, for a mixture-of-experts model, its experts (how many, how many a token
+is routed to, their width, a shared expert's) and the checkpoint's fp8 quantization. Dense
+Llama, Mistral, Qwen2 and Qwen3 and the mixture-of-experts Qwen3-MoE, Qwen2-MoE, Mixtral and
+MiniMax-M2 (GQA or MHA, gated SiLU MLPs or experts, RMSNorm) are modelled; multi-head latent
+attention models, sliding-window attention and multimodal configs are refused with one line
+(:class:`~prefill_tuner.errors.TunerError`).
 
 A handful of popular models' configs are bundled by name (``models/``:
 :func:`bundled_models`), written from the shape fields of their published ``config.json``.
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,9 +28,15 @@ from prefill_tuner.files import read_input, why_unreadable
 MODELS_DIR = Path(__file__).parent / "models"
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-"""The ``model_type`` values modelled: dense decoders with the same layer (fused QKV, output
+"""The dense ``model_type`` values modelled: decoders with the same layer (fused QKV, output
 projection, gated SiLU MLP, two RMSNorms); Qwen3 adds a norm on queries and keys, Qwen2 a bias
 on them."""
+
+MOE_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "minimax_m2")
+"""The mixture-of-experts ``model_type`` values modelled: the same attention, and in every
+layer a router (a GEMM to one logit per expert) and fused experts, each a gated SiLU MLP, a
+token's output the weighted sum of its top-k experts'; Qwen2-MoE adds a shared expert every
+token runs. Qwen3-MoE and MiniMax-M2 norm queries and keys."""
 
 _MOE_KEYS = (
     "num_experts",
@@ -69,6 +78,22 @@ class ModelShape(BaseModel):
     """Biases on the query, key and value projections (Qwen2)."""
     parameters: int = Field(gt=0)
     """Parameter count (embedding, LM head unless tied, every layer's weights and norms)."""
+    experts: int = Field(default=0, ge=0)
+    """Routed experts per layer (0: a dense model, whose MLP is ``intermediate`` wide)."""
+    experts_per_token: int = Field(default=0, ge=0)
+    """Experts each token is routed to (top-k)."""
+    expert_intermediate: int = Field(default=0, ge=0)
+    """Each expert's inner width."""
+    shared_intermediate: int = Field(default=0, ge=0)
+    """A shared expert's inner width (0: none), run by every token beside the routed ones."""
+    checkpoint_dtype: Literal["bf16", "fp8", "fp8_block"] = "bf16"
+    """The checkpoint's weights (its ``quantization_config``): fp8 with per-tensor scales, or
+    with 128 × 128 block scales (``weight_block_size``)."""
+
+    @property
+    def moe(self) -> bool:
+        """Whether the model routes tokens to experts."""
+        return self.experts > 0
 
     @property
     def q_size(self) -> int:
@@ -91,6 +116,9 @@ def _parameters(
     tied: bool,
     qk_norm: bool,
     attention_bias: bool,
+    experts: int = 0,
+    expert_intermediate: int = 0,
+    shared_intermediate: int = 0,
 ) -> int:
     qkv = hidden * (heads + 2 * kv_heads) * head_dim
     if attention_bias:
@@ -98,7 +126,12 @@ def _parameters(
     per_layer = (
         qkv
         + heads * head_dim * hidden  # output projection
-        + 3 * hidden * intermediate  # gate, up, down
+        + (
+            experts * (3 * hidden * expert_intermediate + hidden)  # experts and the router
+            + 3 * hidden * shared_intermediate  # a shared expert
+            if experts
+            else 3 * hidden * intermediate  # gate, up, down
+        )
         + 2 * hidden  # the two RMSNorms
         + (2 * head_dim if qk_norm else 0)
     )
@@ -146,8 +179,38 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
     vocab = whole("vocab_size")
     length = whole("max_position_embeddings")
     tied = bool(config.get("tie_word_embeddings", False))
-    qk_norm = model_type == "qwen3"
-    bias = model_type == "qwen2" or bool(config.get("attention_bias", False))
+    qk_norm = model_type in ("qwen3", "qwen3_moe") or bool(config.get("use_qk_norm", False))
+    bias = model_type in ("qwen2", "qwen2_moe") or bool(config.get("attention_bias", False))
+    experts = expert_width = shared = 0
+    if model_type in MOE_TYPES:
+        experts = whole("num_local_experts" if "num_local_experts" in config else "num_experts")
+        top_k = whole("num_experts_per_tok")
+        if top_k > experts:
+            raise TunerError(
+                f"{name}: num_experts_per_tok {top_k} is more than its {experts} experts"
+            )
+        expert_width = whole(
+            "moe_intermediate_size" if "moe_intermediate_size" in config else "intermediate_size"
+        )
+        shared_key = next(
+            (
+                key
+                for key in ("shared_expert_intermediate_size", "shared_intermediate_size")
+                if config.get(key)
+            ),
+            None,
+        )
+        shared = whole(shared_key) if shared_key else 0
+        sparse = [
+            key
+            for key, dense in (("decoder_sparse_step", 1), ("mlp_only_layers", []))
+            if config.get(key, dense) not in (dense, None)
+        ]
+        if sparse:
+            raise TunerError(
+                f"{name}: dense layers among the expert layers ({', '.join(sparse)}) are not "
+                "modelled"
+            )
     return ModelShape(
         name=name,
         model_type=model_type,
@@ -162,6 +225,11 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
         max_position_embeddings=length,
         qk_norm=qk_norm,
         attention_bias=bias,
+        experts=experts,
+        experts_per_token=config["num_experts_per_tok"] if experts else 0,
+        expert_intermediate=expert_width,
+        shared_intermediate=shared,
+        checkpoint_dtype=_checkpoint_dtype(config, name),
         parameters=_parameters(
             layers=layers,
             hidden=hidden,
@@ -173,8 +241,26 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
             tied=tied,
             qk_norm=qk_norm,
             attention_bias=bias,
+            experts=experts,
+            expert_intermediate=expert_width,
+            shared_intermediate=shared,
         ),
     )
+
+
+def _checkpoint_dtype(config: dict[str, Any], name: str) -> Literal["bf16", "fp8", "fp8_block"]:
+    """The checkpoint's weights, from its ``quantization_config`` (none: bf16); a one-line
+    error for a quantization the tables do not time."""
+    quantization = config.get("quantization_config")
+    if not quantization:
+        return "bf16"
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if method != "fp8":
+        raise TunerError(
+            f"{name}: quantization_config quant_method {method!r} is not modelled (fp8 is, "
+            "per tensor or in blocks)"
+        )
+    return "fp8_block" if quantization.get("weight_block_size") else "fp8"
 
 
 def _refuse_unmodelled(config: Any, name: str) -> None:
@@ -195,16 +281,17 @@ def _refuse_unmodelled(config: Any, name: str) -> None:
             "dense decoders with grouped-query or multi-head attention are"
         )
     moe = [key for key in _MOE_KEYS if _active(config.get(key))]
-    if moe:
+    if moe and config.get("model_type") not in MOE_TYPES:
         raise TunerError(
-            f"{name}: a mixture-of-experts model ({', '.join(moe)}) is not modelled; only "
-            "dense decoders are"
+            f"{name}: a mixture-of-experts model ({', '.join(moe)}) of model_type "
+            f"{config.get('model_type')!r} is not modelled (those of type "
+            f"{', '.join(MOE_TYPES)} are)"
         )
     model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
+    if model_type not in MODEL_TYPES + MOE_TYPES:
         raise TunerError(
-            f"{name}: model_type {model_type!r} is not modelled (dense decoders of type "
-            f"{', '.join(MODEL_TYPES)} are)"
+            f"{name}: model_type {model_type!r} is not modelled (decoders of type "
+            f"{', '.join(MODEL_TYPES + MOE_TYPES)} are)"
         )
     window = config.get("sliding_window")
     context = config.get("max_position_embeddings")

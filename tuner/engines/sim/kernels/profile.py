@@ -8,6 +8,7 @@ number comes from), so that its YAML can be stored with a study and read back an
 For a step of ``T`` tokens (prefill and decode) from ``R`` requests::
 
     step = layers × (qkv(T) + o(T) + gate_up(T) + down(T))          measured GEMMs, per call
+         (a mixture-of-experts model: router(T) + experts(T) [+ a shared expert's GEMMs])
          + (2 × layers + 1) × all_reduce(T × hidden)                 measured, tensor parallel
          + Σ memory ops (norms, rotary, SiLU·mul, embedding)         bytes / bandwidth + launch
          + lm_head(R) + logits_gather(R × vocab) + sampling(R)       logits of every request
@@ -142,6 +143,9 @@ class KernelProfile(RequestPath):
         frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True
     )
 
+    left_out_at_default = ("checkpoint_dtype", "expert_dtype", "expert_parallel", "experts")
+    """A dense model's record is what it was before mixture-of-experts models."""
+
     kind: Literal["kernels"] = "kernels"
     name: str
     description: str = ""
@@ -153,6 +157,13 @@ class KernelProfile(RequestPath):
     """Tensor-parallel size: every curve is at one GPU's shard."""
     dtype: Literal["bf16", "fp8"]
     """Weights and GEMMs (the LM head stays bf16, as vLLM keeps it)."""
+    checkpoint_dtype: Literal["bf16", "fp8", "fp8_block"] = "bf16"
+    """The checkpoint's weights: an fp8 checkpoint needs no ``--quantization`` flag."""
+    expert_dtype: Literal["bf16", "fp8", "fp8_block"] | None = None
+    """A mixture-of-experts model's expert weights (``None``: a dense model)."""
+    expert_parallel: bool = False
+    """The experts spread whole over the ``tp`` GPUs (``--enable-expert-parallel``) rather
+    than each split over them."""
     kv_cache_dtype: Literal["bf16", "fp8"]
     layers: int = Field(gt=0)
     hidden: int = Field(gt=0)
@@ -162,8 +173,12 @@ class KernelProfile(RequestPath):
     gemm_tokens: tuple[int, ...]
     """The token counts (``M``) the GEMM curves are given at: the tables' own."""
     gemms: dict[str, GemmCurve]
-    """Each layer's GEMMs (``qkv``, ``o``, ``gate_up``, ``down``), one call each, over ``M``
-    = the step's tokens."""
+    """Each layer's GEMMs (``qkv``, ``o``, ``gate_up``, ``down``; a mixture-of-experts
+    model's ``router`` and a shared expert's ``shared_gate_up``, ``shared_down`` instead of
+    the MLP's), one call each, over ``M`` = the step's tokens."""
+    experts: Curve | None = None
+    """A mixture-of-experts layer's fused routed experts over ``x`` = the step's tokens
+    (``kernels/experts.py``); ``None`` for a dense model."""
     lm_head: GemmCurve
     """The LM head, over ``M`` = the step's requests (vLLM computes logits for every scheduled
     request's last token)."""
@@ -214,6 +229,10 @@ class KernelProfile(RequestPath):
                 raise ValueError(f"GEMM {name}: ms must be finite and non-negative")
         if (self.tp > 1) != (self.allreduce is not None):
             raise ValueError("an all-reduce curve is needed exactly when tp > 1")
+        if (self.experts is None) != (self.expert_dtype is None):
+            raise ValueError("an experts curve and an expert dtype go together")
+        if self.expert_parallel and self.experts is None:
+            raise ValueError("expert_parallel needs experts")
         return self
 
     # --- the simulator's interface ------------------------------------------------------
@@ -221,13 +240,15 @@ class KernelProfile(RequestPath):
     @property
     def serve_args(self) -> tuple[str, ...]:
         """The ``vllm serve`` flags of the machine this profile stands for, beside the
-        scheduler's: the tensor-parallel size, fp8 weights (quantized at load, as for the
-        bf16 checkpoints the shapes are bundled for; an fp8 checkpoint needs no flag), an fp8
-        KV cache, and a memory share other than vLLM's default."""
+        scheduler's: the tensor-parallel size, expert parallelism, fp8 weights (quantized at
+        load from a bf16 checkpoint; an fp8 checkpoint needs no flag), an fp8 KV cache, and a
+        memory share other than vLLM's default."""
         args: list[str] = []
         if self.tp > 1:
             args += ["--tensor-parallel-size", str(self.tp)]
-        if self.dtype == "fp8":
+        if self.expert_parallel:
+            args += ["--enable-expert-parallel"]
+        if self.dtype == "fp8" and self.checkpoint_dtype == "bf16":
             args += ["--quantization", "fp8"]
         if self.kv_cache_dtype == "fp8":
             args += ["--kv-cache-dtype", "fp8"]
@@ -452,8 +473,8 @@ def _memory(profile: KernelProfile, per: Literal["token", "request"]) -> tuple[f
 
 
 def _token_curve(profile: KernelProfile) -> tuple[np.ndarray, np.ndarray, float]:
-    """What depends on a step's tokens alone: the layers' GEMMs, the all-reduces, the
-    memory-bound kernels; its points (tokens), seconds and seconds per token past the last."""
+    """What depends on a step's tokens alone: the layers' GEMMs and experts, the all-reduces,
+    the memory-bound kernels; its points (tokens), seconds and seconds per token past the last."""
     m_axis = np.asarray(profile.gemm_tokens, dtype=np.float64)
     m_max = float(m_axis[-1])
     x = set(m_axis.tolist())
@@ -461,12 +482,20 @@ def _token_curve(profile: KernelProfile) -> tuple[np.ndarray, np.ndarray, float]
         x.update(
             e / profile.hidden for e in profile.allreduce.x if 1.0 <= e / profile.hidden <= m_max
         )
+    if profile.experts is not None:
+        x.update(v for v in profile.experts.x if v <= m_max)
     token_x = np.array(sorted(x), dtype=np.float64)
     gemm_ms = sum(
         (_interp(profile.gemm_tokens, g.ms, token_x) for g in profile.gemms.values()),
         np.zeros_like(token_x),
     )
     gemm_tail = sum(g.ms[-1] for g in profile.gemms.values()) / m_max
+    if profile.experts is not None:
+        experts = profile.experts
+        inside = _interp(experts.x, experts.ms, token_x)
+        per_token = experts.ms[-1] / experts.x[-1]  # beyond the last measured: in proportion
+        gemm_ms = gemm_ms + np.where(token_x > experts.x[-1], token_x * per_token, inside)
+        gemm_tail += per_token
     raw = profile.layers * gemm_ms
     tail = profile.layers * gemm_tail
     if profile.allreduce is not None:
