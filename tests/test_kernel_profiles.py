@@ -105,7 +105,7 @@ def test_a_config_json_or_its_folder_is_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "words"),
     [
-        ({"model_type": "gpt_oss", "num_local_experts": 32}, "model_type 'gpt_oss'"),
+        ({"model_type": "olmoe", "num_experts": 64}, "model_type 'olmoe'"),
         ({"model_type": "mixtral", "num_local_experts": 8}, "num_experts_per_tok"),
         (
             {

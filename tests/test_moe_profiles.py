@@ -20,8 +20,8 @@ from prefill_tuner.errors import TunerError
 
 QWEN3_30B = "Qwen/Qwen3-30B-A3B"
 QWEN3_235B = "Qwen/Qwen3-235B-A22B"
-MIXTRAL_8X7B = "mistralai/Mixtral-8x7B-Instruct-v0.1"
-MIXTRAL_8X22B = "mistralai/Mixtral-8x22B-Instruct-v0.1"
+MIXTRAL_8X7B = "mistralai/Mixtral-8x7B-v0.1"
+MIXTRAL_8X22B = "mistralai/Mixtral-8x22B-v0.1"
 MINIMAX = "MiniMaxAI/MiniMax-M2.5"
 
 
@@ -84,7 +84,10 @@ def test_moe_models_build_and_read_the_experts_tables_at_their_split(
     assert p.gemms["router"].n == shape.experts
     # The experts curve is the table's own points at the model's shape and split.
     tables = gpu_tables(gpu)
-    prefix = f"moe.{p.expert_dtype}"
+    read = next(line for line in p.provenance.interpolated if "fused experts" in line)
+    family = read.split("the ")[1].split(" table's")[0]  # fp8 experts: block-scaled first
+    assert family == p.expert_dtype or (p.expert_dtype, family) == ("fp8", "fp8_block")
+    prefix = f"moe.{family}"
     split = (1, tp) if expert_parallel else (tp, 1)
     key = (shape.hidden, shape.expert_intermediate, shape.experts_per_token, shape.experts, *split)
     row = int(np.flatnonzero((tables[f"{prefix}.keys"] == key).all(axis=1))[0])
@@ -202,3 +205,26 @@ def test_tune_profile_builds_a_moe_profile_and_says_how(tmp_path: Path, tune) ->
     assert loaded.step_seconds(prefill(2048)) == build(
         MINIMAX, "b200_sxm", 4, "fp8", expert_parallel=True
     ).step_seconds(prefill(2048))
+
+
+def test_gpt_oss_alternates_window_and_full_attention_with_mxfp4_experts() -> None:
+    small, large = load_model_shape("openai/gpt-oss-20b"), load_model_shape("openai/gpt-oss-120b")
+    assert (small.parameters, large.parameters) == (20_908_050_240, 116_789_232_960)
+    assert (large.window, large.window_layers, large.layers) == (128, 18, 36)
+    assert large.checkpoint_dtype == "mxfp4" and large.attention_bias
+    p = build_kernel_profile(large, "h100_sxm", 1, "bf16")
+    assert p.expert_dtype == "mxfp4" and p.serve_args == ()  # the checkpoint is MXFP4 already
+    # One 80 GB GPU holds it (MXFP4 experts: 4.25 bits a weight), as gpt-oss-120b is sold.
+    assert 55 * 2**30 < p.memory.weight_bytes < 65 * 2**30
+    # KV a token: the 18 full-attention layers' (vLLM keeps a window layer's last 128 only).
+    assert p.kv_bytes_per_token == 2 * 18 * 8 * 64 * 2
+    # A window layer's long prefill and long decode cost less than a full layer's.
+    full = build_kernel_profile(
+        large.model_copy(update={"window_layers": 0}), "h100_sxm", 1, "bf16"
+    )
+    assert p.step_seconds(prefill(16384)) < full.step_seconds(prefill(16384))
+    assert p.step_seconds(decode(64, 32768)) < full.step_seconds(decode(64, 32768))
+    assert p.step_seconds(prefill(64)) == pytest.approx(full.step_seconds(prefill(64)), rel=1e-9)
+    assert any("sliding-window attention (18 of 36 layers" in n for n in p.provenance.extrapolated)
+    with pytest.raises(TunerError, match="keeps all but its MXFP4 experts in bf16"):
+        build_kernel_profile(large, "h100_sxm", 1, "fp8")

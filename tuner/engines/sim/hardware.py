@@ -161,7 +161,7 @@ def _built(
         shape,
         gpu,
         tp,
-        dtype or ("bf16" if shape.checkpoint_dtype == "bf16" else "fp8"),
+        dtype or shape.default_dtype,
         kv_cache_dtype=kv_cache_dtype,
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len,

@@ -292,6 +292,36 @@ def _decode_grid(
     )
 
 
+def with_windows(
+    model: ModelShape, context: Curve, decode: DecodeGrid, notes: _Notes
+) -> tuple[Curve, DecodeGrid]:
+    """A layer's attention averaged over the model's full and sliding-window layers (the
+    profile charges every layer alike): a window layer's prefill of ``s`` tokens costs the
+    full curve's ``min(s, w)`` time, per token beyond ``w`` in proportion; its decode reads at
+    most ``w`` KV tokens (the full kernel at ``min(kv, w)``)."""
+    w, share = float(model.window), model.window_layers / model.layers
+    x = np.asarray(context.x)
+    full = np.asarray(context.ms)
+    at_w = float(np.interp(w, x, full))
+    windowed = np.where(x <= w, full, at_w * x / w)
+    lengths = np.asarray(decode.kv_tokens, dtype=np.float64)
+    rows = np.asarray(decode.ms)
+    read = np.array([np.interp(np.minimum(lengths, w), lengths, row) for row in rows])
+    notes.extrapolated.append(
+        f"sliding-window attention ({model.window_layers} of {model.layers} layers, a "
+        f"{model.window}-token window): the full-attention kernels at the window's length "
+        "(prefill per token beyond it in proportion; decode reading at most the window)"
+    )
+    return (
+        Curve(x=context.x, ms=tuple(float(v) for v in (1 - share) * full + share * windowed)),
+        DecodeGrid(
+            batch=decode.batch,
+            kv_tokens=decode.kv_tokens,
+            ms=tuple(tuple(float(v) for v in row) for row in (1 - share) * rows + share * read),
+        ),
+    )
+
+
 def _comm_curve(tables: GpuTables, prefix: str, tp: int) -> Curve:
     gpus = [int(g) for g in tables[f"{prefix}.gpus"]]
     row = tables[f"{prefix}.ms"][gpus.index(tp)]
@@ -331,10 +361,15 @@ def build_kernel_profile(
     system = tables.system
     notes = _Notes()
     kv = _checked_request(tables, gpu, tp, dtype, kv_cache_dtype, gpu_memory_utilization)
-    if model.checkpoint_dtype != "bf16" and dtype != "fp8":
+    if model.checkpoint_dtype in ("fp8", "fp8_block") and dtype != "fp8":
         raise TunerError(
             f"`dtype` {dtype}: {model.name} is an {model.checkpoint_dtype} checkpoint, which "
             "vLLM runs in fp8"
+        )
+    if model.checkpoint_dtype == "mxfp4" and dtype != "bf16":
+        raise TunerError(
+            f"`dtype` {dtype}: {model.name}'s checkpoint keeps all but its MXFP4 experts in "
+            "bf16, as vLLM runs them"
         )
     if expert_parallel and not model.moe:
         raise TunerError(f"`expert_parallel`: {model.name} has no experts")
@@ -370,6 +405,8 @@ def build_kernel_profile(
     )
     context = _context_curve(tables, kv, heads, kv_heads, hd, notes)
     decode = _decode_grid(tables, kv, heads, kv_heads, hd, notes)
+    if model.window_layers:
+        context, decode = with_windows(model, context, decode, notes)
     allreduce = _comm_curve(tables, "allreduce", tp) if tp > 1 else None
     gather = _comm_curve(tables, "allgather", tp) if tp > 1 else None
 

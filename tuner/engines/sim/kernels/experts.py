@@ -28,14 +28,29 @@ from prefill_tuner.engines.sim.kernels.profile import Curve
 from prefill_tuner.engines.sim.kernels.tables import GpuTables
 from prefill_tuner.errors import TunerError
 
-ExpertDtype = Literal["bf16", "fp8", "fp8_block"]
+ExpertDtype = Literal["bf16", "fp8", "fp8_block", "mxfp4"]
+
+_READ_FROM: dict[str, tuple[str, ...]] = {
+    "bf16": ("bf16",),
+    # vLLM runs fp8 experts quantized at load (--quantization fp8) with its Triton fused MoE
+    # on Hopper and Ada, the kernel the block-scaled tables time there; the per-tensor tables
+    # measure ModelOpt checkpoints' FlashInfer CUTLASS kernel, 3-6 times slower on Hopper at
+    # decode sizes. So the block-scaled tables first, the per-tensor ones where they lack a
+    # shape.
+    "fp8": ("fp8_block", "fp8"),
+    "fp8_block": ("fp8_block",),
+    "mxfp4": ("mxfp4",),
+}
+
+BYTES_PER_WEIGHT = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "mxfp4": 17 / 32}
+"""An expert weight's bytes: MXFP4 is 4 bits and a shared 8-bit scale per 32."""
 
 
 def expert_dtype(model: ModelShape, dtype: str) -> ExpertDtype:
-    """The experts' weights: the checkpoint's block-scaled fp8 as it is, otherwise ``dtype``
-    (fp8: quantized per tensor when loaded)."""
-    if model.checkpoint_dtype == "fp8_block":
-        return "fp8_block"
+    """The experts' weights: the checkpoint's block-scaled fp8 or MXFP4 as it is, otherwise
+    ``dtype`` (fp8: quantized per tensor when loaded)."""
+    if model.checkpoint_dtype in ("fp8_block", "mxfp4"):
+        return model.checkpoint_dtype
     return "fp8" if dtype == "fp8" else "bf16"
 
 
@@ -62,16 +77,20 @@ def experts_curve(
 ) -> tuple[Curve, str]:
     """One layer's fused experts over the step's tokens (milliseconds), and what it was read
     from; a one-line :class:`TunerError` where the tables have no such shape."""
-    prefix = f"moe.{dtype}"
     gpu = tables.gpu
-    if not tables.has(prefix):
+    families = [f"moe.{name}" for name in _READ_FROM[dtype] if tables.has(f"moe.{name}")]
+    if not families:
         raise TunerError(f"`dtype`: the {gpu} tables time no {dtype} experts")
-    keys = tables[f"{prefix}.keys"]
     shape = (model.hidden, model.expert_intermediate, model.experts_per_token, model.experts)
     wanted = np.array([*shape, moe_tp, moe_ep])
-    rows = np.flatnonzero((keys == wanted).all(axis=1))
     described = f"hidden {shape[0]}, expert width {shape[1]}, top-{shape[2]} of {shape[3]} experts"
-    if rows.size == 0:
+    found = [
+        (prefix, rows)
+        for prefix in families
+        if (rows := np.flatnonzero((tables[f"{prefix}.keys"] == wanted).all(axis=1))).size
+    ]
+    if not found:
+        keys = np.concatenate([tables[f"{prefix}.keys"] for prefix in families])
         same = keys[(keys[:, :4] == np.array(shape)).all(axis=1)]
         layouts = ", ".join(
             f"TP {tp}" if ep == 1 else f"EP {ep}"
@@ -86,6 +105,7 @@ def experts_curve(
             f"{model.name}: the {gpu} tables time its {dtype} experts at {layouts}, not "
             f"{asked} (`tp`, `expert_parallel`)"
         )
+    prefix, rows = found[0]
     ms = tables[f"{prefix}.ms"][rows[0]]
     tokens = tables[f"{prefix}.tokens"].astype(np.float64)
     measured = ~np.isnan(ms)
@@ -95,8 +115,8 @@ def experts_curve(
     split = f"TP {moe_tp}" if moe_ep == 1 else f"EP {moe_ep}"
     return (
         Curve(x=tuple(float(v) for v in x), ms=tuple(float(v) for v in y)),
-        f"fused experts ({described}, {dtype}, {split}): measured at {int(x.size)} token "
-        f"counts from {int(x[0])} to {int(x[-1])}, balanced routing",
+        f"fused experts ({described}, {dtype}, {split}): the {prefix.split('.')[1]} table's "
+        f"{int(x.size)} token counts from {int(x[0])} to {int(x[-1])}, balanced routing",
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefill_tuner.engines.sim.kernels.experts import (
+    BYTES_PER_WEIGHT,
     expert_dtype,
     expert_layout,
     expert_weight_elements,
@@ -189,11 +190,11 @@ def kv_pool(
     if model.attention_bias:
         small += layers * (heads + 2 * kv_heads) * hd
     embeddings = vocab_shard * model.hidden * (1 if model.tied_embeddings else 2)
-    weight_bytes = linear * w + (small + embeddings) * a
+    weight_bytes: float = linear * w + (small + embeddings) * a
     forward = 2 * model.hidden + 3 * mlp + (heads + 2 * kv_heads) * hd
     if model.moe:
         experts, router = expert_weight_elements(model, tp)
-        weight_bytes += experts * (2 if expert_dtype(model, dtype) == "bf16" else 1) + router * a
+        weight_bytes += experts * BYTES_PER_WEIGHT[expert_dtype(model, dtype)] + router * a
         moe_tp, _ = expert_layout(model, tp, expert_parallel)
         # The fused kernel's workspaces: each token's k gate-up, activation and down outputs.
         width = model.expert_intermediate // moe_tp
@@ -205,7 +206,9 @@ def kv_pool(
     capacity = int(system["mem_capacity"])
     budget = capacity * gpu_memory_utilization
     kv_cache_bytes = int(budget - weight_bytes - reserve)
-    kv_bytes = 2 * layers * kv_heads * hd * (1 if kv == "fp8" else 2)
+    # vLLM's hybrid KV manager keeps a sliding-window layer's last window only: a per-token
+    # cost is the full-attention layers' (the window layers' few blocks a request are left out).
+    kv_bytes = 2 * (layers - model.window_layers) * kv_heads * hd * (1 if kv == "fp8" else 2)
     context_length = model.max_position_embeddings if max_model_len is None else max_model_len
     if (
         isinstance(context_length, bool)

@@ -32,11 +32,12 @@ MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 projection, gated SiLU MLP, two RMSNorms); Qwen3 adds a norm on queries and keys, Qwen2 a bias
 on them."""
 
-MOE_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "minimax_m2")
+MOE_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "minimax_m2", "gpt_oss")
 """The mixture-of-experts ``model_type`` values modelled: the same attention, and in every
 layer a router (a GEMM to one logit per expert) and fused experts, each a gated SiLU MLP, a
 token's output the weighted sum of its top-k experts'; Qwen2-MoE adds a shared expert every
-token runs. Qwen3-MoE and MiniMax-M2 norm queries and keys."""
+token runs. Qwen3-MoE and MiniMax-M2 norm queries and keys; gpt-oss alternates sliding-window
+(128-token) and full attention layers, with attention sinks and MXFP4 experts."""
 
 _MOE_KEYS = (
     "num_experts",
@@ -86,9 +87,20 @@ class ModelShape(BaseModel):
     """Each expert's inner width."""
     shared_intermediate: int = Field(default=0, ge=0)
     """A shared expert's inner width (0: none), run by every token beside the routed ones."""
-    checkpoint_dtype: Literal["bf16", "fp8", "fp8_block"] = "bf16"
+    checkpoint_dtype: Literal["bf16", "fp8", "fp8_block", "mxfp4"] = "bf16"
     """The checkpoint's weights (its ``quantization_config``): fp8 with per-tensor scales, or
-    with 128 × 128 block scales (``weight_block_size``)."""
+    with 128 × 128 block scales (``weight_block_size``); MXFP4 experts with the rest bf16
+    (gpt-oss)."""
+    window: int = Field(default=0, ge=0)
+    """The sliding window of the layers that have one (0: none)."""
+    window_layers: int = Field(default=0, ge=0)
+    """How many layers attend only within ``window`` (the rest attend to the whole context)."""
+
+    @property
+    def default_dtype(self) -> Literal["bf16", "fp8"]:
+        """The weights' dtype vLLM runs the checkpoint in, beside its experts: fp8 for an fp8
+        checkpoint, bf16 otherwise (gpt-oss keeps all but its MXFP4 experts in bf16)."""
+        return "fp8" if self.checkpoint_dtype in ("fp8", "fp8_block") else "bf16"
 
     @property
     def moe(self) -> bool:
@@ -211,6 +223,7 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
                 f"{name}: dense layers among the expert layers ({', '.join(sparse)}) are not "
                 "modelled"
             )
+    window, window_layers = _windows(config, name, layers)
     return ModelShape(
         name=name,
         model_type=model_type,
@@ -230,6 +243,8 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
         expert_intermediate=expert_width,
         shared_intermediate=shared,
         checkpoint_dtype=_checkpoint_dtype(config, name),
+        window=window,
+        window_layers=window_layers,
         parameters=_parameters(
             layers=layers,
             hidden=hidden,
@@ -248,17 +263,41 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
     )
 
 
-def _checkpoint_dtype(config: dict[str, Any], name: str) -> Literal["bf16", "fp8", "fp8_block"]:
+def _windows(config: dict[str, Any], name: str, layers: int) -> tuple[int, int]:
+    """gpt-oss's sliding window and how many layers have it (its ``layer_types``; every
+    other layer when it gives none); ``(0, 0)`` for every other model."""
+    if config.get("model_type") != "gpt_oss":
+        return 0, 0
+    window = config.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise TunerError(
+            f"{name}: config.json field 'sliding_window' is {window!r}, not a positive whole"
+        )
+    kinds = config.get("layer_types") or [
+        "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
+    ]
+    if len(kinds) != layers or set(kinds) - {"sliding_attention", "full_attention"}:
+        raise TunerError(
+            f"{name}: config.json field 'layer_types' does not name each layer's attention"
+        )
+    return window, kinds.count("sliding_attention")
+
+
+def _checkpoint_dtype(
+    config: dict[str, Any], name: str
+) -> Literal["bf16", "fp8", "fp8_block", "mxfp4"]:
     """The checkpoint's weights, from its ``quantization_config`` (none: bf16); a one-line
     error for a quantization the tables do not time."""
     quantization = config.get("quantization_config")
     if not quantization:
         return "bf16"
     method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if method == "mxfp4" and config.get("model_type") == "gpt_oss":
+        return "mxfp4"
     if method != "fp8":
         raise TunerError(
             f"{name}: quantization_config quant_method {method!r} is not modelled (fp8 is, "
-            "per tensor or in blocks)"
+            "per tensor or in blocks, and gpt-oss's mxfp4)"
         )
     return "fp8_block" if quantization.get("weight_block_size") else "fp8"
 
@@ -296,7 +335,8 @@ def _refuse_unmodelled(config: Any, name: str) -> None:
     window = config.get("sliding_window")
     context = config.get("max_position_embeddings")
     if (
-        isinstance(window, int)
+        model_type != "gpt_oss"
+        and isinstance(window, int)
         and window > 0
         and config.get("use_sliding_window", True)
         and config.get("max_window_layers", 1)

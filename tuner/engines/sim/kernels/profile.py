@@ -157,9 +157,9 @@ class KernelProfile(RequestPath):
     """Tensor-parallel size: every curve is at one GPU's shard."""
     dtype: Literal["bf16", "fp8"]
     """Weights and GEMMs (the LM head stays bf16, as vLLM keeps it)."""
-    checkpoint_dtype: Literal["bf16", "fp8", "fp8_block"] = "bf16"
+    checkpoint_dtype: Literal["bf16", "fp8", "fp8_block", "mxfp4"] = "bf16"
     """The checkpoint's weights: an fp8 checkpoint needs no ``--quantization`` flag."""
-    expert_dtype: Literal["bf16", "fp8", "fp8_block"] | None = None
+    expert_dtype: Literal["bf16", "fp8", "fp8_block", "mxfp4"] | None = None
     """A mixture-of-experts model's expert weights (``None``: a dense model)."""
     expert_parallel: bool = False
     """The experts spread whole over the ``tp`` GPUs (``--enable-expert-parallel``) rather
