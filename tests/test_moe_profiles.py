@@ -161,7 +161,7 @@ def test_what_the_tables_or_vllm_do_not_cover_is_refused_in_one_line() -> None:
         # A split the tables never measured: they say which they did.
         (lambda: build(MINIMAX, "b200_sxm", 8, "fp8"), "tables time its fp8_block experts at"),
         # A GPU without MoE tables for this shape and dtype.
-        (lambda: build(QWEN3_30B, "a100_sxm"), "a100_sxm tables time no bf16 experts"),
+        (lambda: build(QWEN3_30B, "a100_sxm"), "`gpu` a100_sxm: its tables time no bf16 experts"),
     ]
     for call, words in cases:
         with pytest.raises(TunerError) as refused:
@@ -228,3 +228,11 @@ def test_gpt_oss_alternates_window_and_full_attention_with_mxfp4_experts() -> No
     assert any("sliding-window attention (18 of 36 layers" in n for n in p.provenance.extrapolated)
     with pytest.raises(TunerError, match="keeps all but its MXFP4 experts in bf16"):
         build_kernel_profile(large, "h100_sxm", 1, "fp8")
+
+
+def test_tune_profile_list_names_the_gpus_with_expert_tables(tune) -> None:
+    code, printed, _ = tune("profile", "--list")
+    assert code == 0
+    line = next(row for row in printed.splitlines() if row.startswith("mixture-of-experts"))
+    assert "h100_sxm (bf16, fp8, fp8_block, mxfp4)" in line and "a100_sxm" not in line
+    assert MINIMAX in printed and "openai/gpt-oss-120b" in printed

@@ -17,6 +17,7 @@ from prefill_tuner.cli.options import HARDWARE, ModelOpt, with_options
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.engines.sim.kernels import KernelProfile, bundled_models, known_gpus
 from prefill_tuner.engines.sim.kernels.models import config_files
+from prefill_tuner.engines.sim.kernels.tables import expert_gpus
 from prefill_tuner.engines.sim.profile_base import StepShape, check_profile_name
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import atomic_text, check_output
@@ -48,11 +49,13 @@ def profile_command(
     hardware: ProfileSpec,
 ) -> None:
     """Build a simulator profile from measured kernel timings (NVIDIA AIConfigurator's vLLM
-    tables) for a dense model on a GPU, and write it: tune run/simulate/plan take it with
-    --profile (or build the same with --gpu)."""
+    tables) for a dense or mixture-of-experts model on a GPU, and write it: tune
+    run/simulate/plan take it with --profile (or build the same with --gpu)."""
     out = output_console()
     if listing:
         out.print(f"GPUs: {', '.join(known_gpus())}", markup=False, soft_wrap=True)
+        experts = "; ".join(f"{gpu} ({', '.join(kinds)})" for gpu, kinds in expert_gpus().items())
+        out.print(f"mixture-of-experts tables: {experts}", markup=False, soft_wrap=True)
         out.print(f"bundled models: {', '.join(bundled_models())}", markup=False, soft_wrap=True)
         return
     if hardware.gpu is None:

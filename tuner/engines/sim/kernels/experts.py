@@ -80,7 +80,10 @@ def experts_curve(
     gpu = tables.gpu
     families = [f"moe.{name}" for name in _READ_FROM[dtype] if tables.has(f"moe.{name}")]
     if not families:
-        raise TunerError(f"`dtype`: the {gpu} tables time no {dtype} experts")
+        raise TunerError(
+            f"`gpu` {gpu}: its tables time no {dtype} experts (the fused-MoE tables measure "
+            "balanced routing only where the GPU has them: `tune profile --list`)"
+        )
     shape = (model.hidden, model.expert_intermediate, model.experts_per_token, model.experts)
     wanted = np.array([*shape, moe_tp, moe_ep])
     described = f"hidden {shape[0]}, expert width {shape[1]}, top-{shape[2]} of {shape[3]} experts"

@@ -15,6 +15,10 @@ Derived from NVIDIA AIConfigurator's performance database (Apache-2.0; ``data/NO
     per key.
 ``allreduce.{gpus,elements,ms}``, ``allgather.{gpus,elements,ms}``
     vLLM's all-reduce of ``elements`` bf16 values across ``gpus`` GPUs; NCCL's all-gather.
+``moe.<dtype>.{keys,tokens,ms}``
+    A mixture-of-experts layer's fused experts over the step's ``tokens``, per ``(hidden,
+    expert width, top-k, experts, expert TP, expert EP)`` key, balanced routing (``bf16``,
+    ``fp8``, ``fp8_block``, ``mxfp4``: ``kernels/experts.py``).
 
 Nothing here needs pandas or pyarrow, and nothing is fetched: the tables are package data.
 """
@@ -45,6 +49,15 @@ def index() -> dict[str, Any]:
 def known_gpus() -> list[str]:
     """The GPUs with measured tables (``h100_sxm``, ...)."""
     return sorted(index()["gpus"])
+
+
+def expert_gpus() -> dict[str, list[str]]:
+    """The GPUs with fused mixture-of-experts tables, and the expert dtypes each times."""
+    return {
+        gpu: sorted(entry["tables"]["moe"]["kernels"])
+        for gpu, entry in sorted(index()["gpus"].items())
+        if "moe" in entry["tables"]
+    }
 
 
 @dataclass(frozen=True)
