@@ -36,7 +36,7 @@ def serve_args(
     accepted = capabilities.accepted_flags if capabilities else None
     args: list[str] = []
     for setting, value in settings.items():
-        if setting in NOT_FLAGS:
+        if setting in NOT_FLAGS or value is None:  # None: vLLM's own default stands
             continue
         flag = "--" + flag_name(setting)
         if accepted is not None and flag not in accepted:

@@ -60,6 +60,18 @@ def _lower_seqs(settings: dict[str, Any]) -> str:
     return f"max_num_seqs lowered to max_num_batched_tokens {budget}"
 
 
+def _active_within_seqs(settings: Mapping[str, Any]) -> str | None:
+    active, seqs = settings.get("max_num_active_seqs"), settings.get("max_num_seqs")
+    if active is not None and seqs is not None and active > seqs:
+        return f"max_num_active_seqs ({active}) cannot be greater than max_num_seqs ({seqs})"
+    return None
+
+
+def _lower_active(settings: dict[str, Any]) -> str:
+    settings["max_num_active_seqs"] = seqs = settings["max_num_seqs"]
+    return f"max_num_active_seqs lowered to max_num_seqs {seqs}"
+
+
 def _threshold_within_context(settings: Mapping[str, Any]) -> str | None:
     threshold, length = settings.get("long_prefill_token_threshold"), settings["max_model_len"]
     if threshold and threshold > length:
@@ -78,12 +90,15 @@ RULES: tuple[Rule, ...] = (
     # First: raising the budget can only help the next rule.
     Rule("budget covers max_model_len without chunking", _budget_covers_context, _raise_budget),
     Rule("budget covers max_num_seqs", _budget_covers_seqs, _lower_seqs),
+    # After it: lowering max_num_seqs can break this one.
+    Rule("active requests within max_num_seqs", _active_within_seqs, _lower_active),
     Rule("threshold within max_model_len", _threshold_within_context, _lower_threshold),
 )
 """vLLM's ``SchedulerConfig`` checks between knobs (``verify_max_model_len`` and
 ``__post_init__``), in the order they are repaired."""
 
 THRESHOLD, BUDGET = "long_prefill_token_threshold", "max_num_batched_tokens"
+ACTIVE = "max_num_active_seqs"
 OFF = 0
 """``long_prefill_token_threshold`` off (vLLM's default)."""
 
@@ -103,11 +118,19 @@ def threshold_moot(settings: Mapping[str, Any]) -> bool:
 
 def canonical(settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The one form of settings that schedule alike: a ``long_prefill_token_threshold`` at or
-    above ``max_num_batched_tokens`` is off (0; :func:`threshold_moot`). Returns the settings
-    and a note for every change. Settings without a budget (the engine's default stands) are
-    left as they are."""
+    above ``max_num_batched_tokens`` is off (0; :func:`threshold_moot`); a
+    ``max_num_active_seqs`` at or above ``max_num_seqs`` is left out (it limits nothing).
+    Returns the settings and a note for every change. Settings without a budget (the engine's
+    default stands) are left as they are."""
     result = dict(settings)
     notes: list[str] = []
+    active, seqs = result.get(ACTIVE), result.get("max_num_seqs")
+    if active is not None and seqs is not None and active >= seqs:
+        notes.append(
+            f"max_num_active_seqs {active} is at max_num_seqs {seqs}, where it limits nothing: "
+            "left out"
+        )
+        del result[ACTIVE]
     if threshold_moot(result):
         notes.append(
             f"long_prefill_token_threshold {result[THRESHOLD]} is at or above "

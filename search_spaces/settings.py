@@ -73,6 +73,11 @@ class EngineSettings(BaseModel):
         int, Field(ge=1), Searched("int", "seqs", "Most requests running at once.", 8, 1024)
     ] = 1024
     """Most requests running at once."""
+    max_num_active_seqs: int | None = Field(default=None, ge=1)
+    """Most requests admitted to run at once, at most ``max_num_seqs`` (vLLM 0.32 on; ``None``:
+    ``max_num_seqs``). Unlike ``max_num_seqs`` it leaves the model runner, the KV pool's sizing
+    and the CUDA graphs alone, so a server takes a new value without a restart; the scheduler
+    treats the two alike."""
     max_model_len: int = Field(default=131072, ge=2)
     """Context length: a request's prompt plus output must fit (longer ones are rejected)."""
     enable_chunked_prefill: Annotated[

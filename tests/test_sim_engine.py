@@ -401,7 +401,9 @@ def test_a_max_num_seqs_above_the_peak_running_gives_the_same_run(async_scheduli
         trace, config = random_scenario(seed, async_scheduling=async_scheduling)
         runs = {}
         for limit in range(1, min(config.max_num_batched_tokens, 12) + 1):
-            moved = SimConfig(**{**config.model_dump(), "max_num_seqs": limit})
+            moved = SimConfig(
+                **{**config.model_dump(), "max_num_seqs": limit, "max_num_active_seqs": None}
+            )
             result = simulate(trace, moved, LINEAR, max_concurrency=(None, 2)[seed % 2])
             assert result.peak_running <= limit
             runs[limit] = (result.peak_running, result.records, result.steps)

@@ -114,6 +114,7 @@ def test_the_scenarios_exercise_every_rule(async_scheduling: bool) -> None:
             "chunked prompt",
             "KV wait",
             "resumed from blocks only it could hit",
+            "active-seqs limit held a request back",
         ],
         0,
     )
@@ -145,6 +146,12 @@ def test_the_scenarios_exercise_every_rule(async_scheduling: bool) -> None:
             0 < n < prompts[rid] for step in steps for rid, n in step["scheduled"].items()
         )
         covered["KV wait"] += result.peak_kv_blocks > 0.8 * config.usable_blocks
+        active = config.max_num_active_seqs
+        covered["active-seqs limit held a request back"] += (
+            active is not None
+            and active < config.max_num_seqs
+            and any(r.running_after >= active and r.waiting_after for r in records)
+        )
     assert all(count >= 10 for count in covered.values()), covered
 
 

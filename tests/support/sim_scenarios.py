@@ -84,8 +84,16 @@ def random_scenario(seed: int, *, async_scheduling: bool = False) -> tuple[Trace
         num_gpu_blocks=num_blocks,
         enable_prefix_caching=bool(rng.random() < 0.85),
         async_scheduling=async_scheduling,
+        max_num_active_seqs=_active_limit(seed, max_num_seqs),
     )
     return Trace(tuple(requests)), config
+
+
+def _active_limit(seed: int, max_num_seqs: int) -> int | None:
+    """vLLM 0.32's ``max_num_active_seqs`` for scenario ``seed``: unset in two of three, else
+    from 1 to ``max_num_seqs`` (drawn apart, so that the other draws stay as they were)."""
+    rng = np.random.default_rng(20_000_000 + seed)
+    return int(rng.integers(1, max_num_seqs + 1)) if rng.random() < 1 / 3 else None
 
 
 def prefix_heavy_scenario(seed: int, *, async_scheduling: bool = False) -> tuple[Trace, SimConfig]:

@@ -12,7 +12,9 @@ The rules, in the order vLLM applies them:
    (blocks freed, progress reset to 0, put at the front of the waiting queue), until the
    allocation succeeds or the request itself was the victim (then the running pass stops).
 3. Only if nothing was preempted, waiting requests are admitted in FCFS order until the budget
-   is spent, ``max_num_seqs`` run, or the head request cannot be admitted (no skipping ahead).
+   is spent, ``max_num_seqs`` run (``max_num_active_seqs`` when set: vLLM 0.32's admission
+   limit, which leaves the runner's slots alone), or the head request cannot be admitted (no
+   skipping ahead).
    A new or preempted request first adopts its prefix-cache hit. With chunked prefill off, a
    prompt that does not fit the remaining budget stops admission.
 4. Progress is counted when scheduled. A request whose computed tokens reach its length after
@@ -75,6 +77,11 @@ class Scheduler(SteadyRuns):
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
+        self.admission_limit = min(
+            config.max_num_seqs, config.max_num_active_seqs or config.max_num_seqs
+        )
+        """The most requests admitted to run: ``max_num_seqs``, or ``max_num_active_seqs``
+        when set (vLLM's ``max_num_active_reqs``)."""
         self.kv = KVCache(
             config.num_gpu_blocks,
             config.block_size,
@@ -100,9 +107,9 @@ class Scheduler(SteadyRuns):
         always notes it): read only when the API server's time per output is known
         (:mod:`.request_path`)."""
         self.peak_running = 0
-        """The most requests running at once: while it stays below ``max_num_seqs``, that
-        limit has refused no admission (it is read nowhere else), so any larger limit than
-        this gives the same run."""
+        """The most requests running at once: while it stays below the admission limit
+        (``max_num_seqs`` or ``max_num_active_seqs``), that limit has refused no admission (it
+        is read nowhere else), so any larger limit than this gives the same run."""
 
     def add_request(self, request: SimRequest) -> None:
         self.waiting.append(request)
@@ -183,7 +190,7 @@ class Scheduler(SteadyRuns):
 
         if not plan.preempted:
             skipped: list[SimRequest] = []
-            while budget > 0 and waiting and len(running) < config.max_num_seqs:
+            while budget > 0 and waiting and len(running) < self.admission_limit:
                 request = waiting[0]
                 if request.stale:
                     # Async: output of a step it ran before its preemption is still to come.

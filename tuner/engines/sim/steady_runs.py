@@ -81,6 +81,7 @@ class SteadyRuns:
     attributes below are :class:`~prefill_tuner.engines.sim.scheduler.Scheduler`'s)."""
 
     config: SimConfig
+    admission_limit: int
     kv: KVCache
     running: list[SimRequest]
     waiting: deque[SimRequest]
@@ -242,7 +243,7 @@ class SteadyRuns:
         """Whether the waiting head cannot be admitted with ``running`` requests scheduled and
         ``budget`` tokens left (and stays so while the run lasts)."""
         config, kv = self.config, self.kv
-        if running >= config.max_num_seqs or budget <= 0:
+        if running >= self.admission_limit or budget <= 0:
             return True
         head = self.waiting[0]
         hits = kv.computed_blocks(head) if head.num_computed == 0 and kv.enable_caching else []
