@@ -14,8 +14,8 @@ step of the default budgets reaches (up to 16,384 tokens).
 of a decode step (64 requests at 2k context) and of an 8,192-token prefill that the experts
 take: what the tables decide.
 
-End to end against real GPU runs: ``benchmarks/gpu_truth.py --truth
-../shared/gpu-truth/moe_minimax-m2.5_b200.csv`` (``RESULTS.md``).
+End to end against real GPU runs: ``benchmarks/gpu_truth.py --truth`` with the shared
+``moe_minimax-m2.5_b200.csv`` (``RESULTS.md``).
 
 ``--smoke``: the H100 only, one model (the suite runs that, so the script does not rot).
 """
