@@ -78,6 +78,12 @@ class EngineSettings(BaseModel):
     ``max_num_seqs``). Unlike ``max_num_seqs`` it leaves the model runner, the KV pool's sizing
     and the CUDA graphs alone, so a server takes a new value without a restart; the scheduler
     treats the two alike."""
+    prefill_schedule_interval: int = Field(default=1, ge=1)
+    """Start prefill only every N-th step (vLLM 0.33 on one engine; before, data-parallel
+    engines only): a held step carries decodes alone, no new admission and no chunk of a
+    prompt already started, timed from the last step that carried a prefill; 1: every step.
+    When a step that may prefill cannot drain the waiting queue, holding stops until one
+    does."""
     max_model_len: int = Field(default=131072, ge=2)
     """Context length: a request's prompt plus output must fit (longer ones are rejected)."""
     enable_chunked_prefill: Annotated[

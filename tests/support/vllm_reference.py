@@ -104,6 +104,7 @@ def _scheduler(config: dict, directory: str) -> Scheduler:
         max_num_batched_tokens=config["max_num_batched_tokens"],
         max_num_seqs=config["max_num_seqs"],
         max_num_active_seqs=config.get("max_num_active_seqs"),
+        prefill_schedule_interval=config.get("prefill_schedule_interval", 1),
         enable_chunked_prefill=config["enable_chunked_prefill"],
         long_prefill_token_threshold=config["long_prefill_token_threshold"],
         long_prefill_token_threshold_adaptive=config["long_prefill_token_threshold_adaptive"],

@@ -138,6 +138,7 @@ class SimRequest:
         "id",
         "in_flight",
         "index",
+        "is_prefill_chunk",
         "keys",
         "last_position",
         "max_tokens",
@@ -181,6 +182,9 @@ class SimRequest:
         self.placeholders = 0
         """Tokens steps in flight will sample (vLLM's ``num_output_placeholders``; async
         scheduling only)."""
+        self.is_prefill_chunk = False
+        """Its last scheduled step did not complete what it knows (vLLM 0.33's flag, set after
+        each step that schedules it; read, and kept, only under a prefill cadence)."""
         self.in_flight = 0
         """Tokens scheduled in steps whose output is not yet applied (async only)."""
         self.stale = 0

@@ -82,6 +82,19 @@ class Scheduler(SteadyRuns):
         )
         """The most requests admitted to run: ``max_num_seqs``, or ``max_num_active_seqs``
         when set (vLLM's ``max_num_active_reqs``)."""
+        self.cadence = config.prefill_schedule_interval
+        """vLLM 0.33's prefill cadence (``prefill_schedule_interval``; 1: none). Under it:"""
+        self.executed_steps = 0
+        """Steps that scheduled tokens (vLLM's ``num_executed_steps``)."""
+        self.last_prefill_step = -self.cadence
+        """The last of them that carried a prefill (a full interval back: the first step is
+        never held)."""
+        self.capacity_bound = False
+        """The last step that could prefill left requests waiting: holding stops until one
+        drains the queue (vLLM's ``prefill_capacity_bound``, PR #44558's escape)."""
+        self.deferred: set[SimRequest] = set()
+        """Waiting requests a step passed over (vLLM's ``deferred_waiting``: async, those
+        whose stale output is in flight), until admitted."""
         self.kv = KVCache(
             config.num_gpu_blocks,
             config.block_size,
@@ -137,6 +150,16 @@ class Scheduler(SteadyRuns):
         asynchronous = config.async_scheduling
         add_scheduled, add_sample = plan.scheduled.append, plan.samples.append
         decodes = decode_context = 0
+        # vLLM 0.33's cadence: hold prefill (admissions and started prompts' chunks) while
+        # less than an interval has passed since the last step that carried one, somebody
+        # decodes, and the last step that could prefill drained the waiting queue.
+        hold = (
+            self.cadence > 1
+            and not self.capacity_bound
+            and (self.executed_steps + 1) - self.last_prefill_step < self.cadence
+            and any(not r.is_prefill_chunk for r in running)
+        )
+        admitted_prefill = False
         for request in running:  # (a preemption pops the list's tail: the loop stops sooner)
             if budget <= 0:
                 break
@@ -144,6 +167,8 @@ class Scheduler(SteadyRuns):
             placeholders = request.placeholders
             if placeholders and computed + 2 - placeholders >= request.prompt + request.max_tokens:
                 continue  # async: the steps in flight sample its last token
+            if hold and request.is_prefill_chunk:
+                continue
             num_new = request.num_tokens + placeholders - computed
             if (
                 num_new == 1
@@ -195,11 +220,14 @@ class Scheduler(SteadyRuns):
                 if request.stale:
                     # Async: output of a step it ran before its preemption is still to come.
                     skipped.append(waiting.popleft())
+                    self.deferred.add(request)
                     continue
                 hit_blocks = (
                     kv.computed_blocks(request) if request.num_computed == 0 and caching else []
                 )
                 num_computed = request.num_computed + len(hit_blocks) * config.block_size
+                if hold and num_computed < request.num_tokens - 1:
+                    break  # the cadence holds a prompt with more than one token to compute
                 num_new = request.num_tokens - num_computed
                 if 0 < threshold < num_new:
                     num_new = threshold
@@ -219,6 +247,9 @@ class Scheduler(SteadyRuns):
                 request.status = Status.RUNNING
                 request.num_computed = num_computed
                 plan.admitted[request.id] = num_computed
+                if self.cadence > 1:
+                    self.deferred.discard(request)
+                    admitted_prefill |= num_computed < request.num_tokens - 1
                 if caching and not request.preemptions:
                     self.prefix_queries += request.num_tokens
                     self.prefix_hits += num_computed
@@ -228,10 +259,29 @@ class Scheduler(SteadyRuns):
                 waiting.extendleft(reversed(skipped))  # back at the front, in order
             if len(running) > self.peak_running:  # (only admissions add to it)
                 self.peak_running = len(running)
+            if self.cadence > 1 and not hold:
+                self.capacity_bound = len(waiting) > len(self.deferred)
 
         plan.decodes += decodes
         plan.decode_context += decode_context
+        if self.cadence > 1 and plan.scheduled:
+            self._count_cadence(plan, admitted_prefill)
         return plan
+
+    def _count_cadence(self, plan: StepPlan, admitted_prefill: bool) -> None:
+        """After a step that scheduled tokens, under a cadence: count it, restart the interval
+        if it carried a prefill (a started prompt's chunk, or an admission with more than one
+        token to compute), and mark who is still prefilling (vLLM's ``is_prefill_chunk``:
+        each scheduled request that did not sample)."""
+        self.executed_steps += 1
+        admitted = plan.admitted
+        carried = admitted_prefill or any(
+            request.is_prefill_chunk for request, _ in plan.scheduled if request.id not in admitted
+        )
+        if carried:
+            self.last_prefill_step = self.executed_steps
+        for (request, _), sample in zip(plan.scheduled, plan.samples, strict=True):
+            request.is_prefill_chunk = not sample
 
     def _count_scheduled(self, plan: StepPlan, request: SimRequest, num_new: int) -> None:
         """Give ``request`` ``num_new`` tokens in ``plan``: progress is counted when

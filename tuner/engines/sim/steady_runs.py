@@ -82,6 +82,9 @@ class SteadyRuns:
 
     config: SimConfig
     admission_limit: int
+    cadence: int
+    executed_steps: int
+    capacity_bound: bool
     kv: KVCache
     running: list[SimRequest]
     waiting: deque[SimRequest]
@@ -111,6 +114,8 @@ class SteadyRuns:
         config, running = self.config, self.running
         if not running or (config.async_scheduling and self.num_stale):
             return None  # async: a waiting request becomes resumable when its stale output lands
+        if self.cadence > 1 and (self.waiting or any(r.is_prefill_chunk for r in running)):
+            return None  # a prefill cadence may hold any step: stepped
         if self.waiting and config.enable_chunked_prefill and self._decoding(running[-1]):
             # The waiting head first, cheaply: if it is admitted with the most budget a run
             # could leave (every running request takes a token at least), it is admitted
@@ -307,6 +312,12 @@ class SteadyRuns:
         if finished:
             done = {id(request) for request in finished}
             self.running = [r for r in self.running if id(r) not in done]
+        if self.cadence > 1:
+            # Decodes alone, nobody waiting (steady_run's rule under a cadence): every step
+            # counts, none restarts the interval, and the first that could prefill found the
+            # queue drained, so holding is allowed again.
+            self.executed_steps += steps
+            self.capacity_bound = False
         used = list(accumulate(changes, initial=start_used))[1:]
         return used, finished
 
