@@ -17,19 +17,26 @@ The rules, in the order vLLM applies them:
    skipping ahead).
    A new or preempted request first adopts its prefix-cache hit. With chunked prefill off, a
    prompt that does not fit the remaining budget stops admission.
-4. Progress is counted when scheduled. A request whose computed tokens reach its length after
+4. vLLM 0.33's prefill cadence (``prefill_schedule_interval`` N > 1): while fewer than N
+   executed steps have passed since the last that carried a prefill (an admission with more
+   than one token to compute, or a chunk of a prompt a request had started), somebody decodes,
+   and the last step that could prefill drained the waiting queue, a step is *held*: running
+   requests still prefilling are passed over, and admission stops at the first request with
+   more than one token to compute. A fast-forwarded run (decodes alone, nobody waiting) counts
+   its steps and clears the capacity escape as stepping would.
+5. Progress is counted when scheduled. A request whose computed tokens reach its length after
    the step samples a token (so only a prompt's last chunk produces the first token); it
    finishes at ``max_tokens`` (or ``max_model_len``) and frees its blocks before the next step.
 
 With ``async_scheduling`` (vLLM's ``AsyncScheduler``, ``vllm/v1/core/sched/async_scheduler.py``)
 the engine schedules step k+1 before step k's output is applied, so:
 
-5. A step that will sample a request's token leaves a *placeholder*: the next step already
+6. A step that will sample a request's token leaves a *placeholder*: the next step already
    feeds that (unknown) token, and a request whose steps in flight will complete it is not
    scheduled again. Its output, when applied, replaces the placeholder.
-6. A request finishes, and frees its running slot and KV blocks, only when the step that
+7. A request finishes, and frees its running slot and KV blocks, only when the step that
    sampled its last token is applied: after the next step was scheduled.
-7. A preempted request's steps in flight still deliver their tokens (they are *stale*: they
+8. A preempted request's steps in flight still deliver their tokens (they are *stale*: they
    move no counters), and it is not resumed until they have (later waiting requests are
    admitted past it meanwhile). Full blocks are cached when scheduled only up to the tokens
    known, and the rest when the output arrives.
