@@ -44,6 +44,8 @@ class Knob:
     """Its short column name in tables (:attr:`Searched.label`)."""
     added_in: str | None = None
     """The first vLLM release with the flag (``None``: every release the tuner knows)."""
+    honoured_from: str | None = None
+    """The first vLLM release that honours it on one engine (:attr:`Searched.honoured_from`)."""
     restart: bool = True
     """Whether a server must restart to change it."""
 
@@ -97,6 +99,7 @@ KNOBS: dict[str, Knob] = {
             searched_by_default=marker.searched_by_default,
             label=marker.label,
             added_in=marker.added_in,
+            honoured_from=marker.honoured_from,
             restart=marker.restart,
         )
         for name, marker in searched_settings().items()

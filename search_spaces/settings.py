@@ -46,6 +46,9 @@ class Searched:
     """False: searched only when ``--space`` names it (its engine default stands otherwise)."""
     added_in: str | None = None
     """The first vLLM release with the flag (``None``: every release the tuner knows)."""
+    honoured_from: str | None = None
+    """The first vLLM release where it does what the simulator does on one engine (an earlier
+    one accepts the flag and ignores it there); ``None``: wherever it is accepted."""
     restart: bool = True
     """Whether a server must restart to change it (every scheduler setting is read at
     start-up)."""
@@ -73,12 +76,39 @@ class EngineSettings(BaseModel):
         int, Field(ge=1), Searched("int", "seqs", "Most requests running at once.", 8, 1024)
     ] = 1024
     """Most requests running at once."""
-    max_num_active_seqs: int | None = Field(default=None, ge=1)
+    max_num_active_seqs: Annotated[
+        int | None,
+        Field(ge=1),
+        Searched(
+            "int",
+            "act.",
+            "Most requests admitted to run, the runner's slots left alone: read every step, "
+            "so a server takes a new value without a restart.",
+            8,
+            1024,
+            searched_by_default=False,
+            added_in="0.32.0",
+            restart=False,
+        ),
+    ] = None
     """Most requests admitted to run at once, at most ``max_num_seqs`` (vLLM 0.32 on; ``None``:
     ``max_num_seqs``). Unlike ``max_num_seqs`` it leaves the model runner, the KV pool's sizing
     and the CUDA graphs alone, so a server takes a new value without a restart; the scheduler
     treats the two alike."""
-    prefill_schedule_interval: int = Field(default=1, ge=1)
+    prefill_schedule_interval: Annotated[
+        int,
+        Field(ge=1),
+        Searched(
+            "int",
+            "cad.",
+            "Prefill only every N-th step: decodes run the steps between uninterrupted.",
+            1,
+            16,
+            searched_by_default=False,
+            honoured_from="0.33.0",
+            restart=False,
+        ),
+    ] = 1
     """Start prefill only every N-th step (vLLM 0.33 on one engine; before, data-parallel
     engines only): a held step carries decodes alone, no new admission and no chunk of a
     prompt already started, timed from the last step that carried a prefill; 1: every step.

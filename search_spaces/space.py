@@ -129,6 +129,8 @@ class KnobRange:
 
     def contains(self, value: Any, budget: int | None = None) -> bool:
         """Whether the range holds this engine setting (a point the sampler could propose)."""
+        if value is None:
+            return False  # unset (``max_num_active_seqs``: no limit below max_num_seqs)
         param = self.param_for(value, budget)
         distribution = self.distribution()
         if isinstance(distribution, CategoricalDistribution):
@@ -140,11 +142,14 @@ class KnobRange:
         return inside and self.value(param, budget) == value
 
     def nearest_param(self, value: Any, budget: int | None = None) -> Any:
-        """The parameter value in the range nearest to this setting's (itself when inside)."""
+        """The parameter value in the range nearest to this setting's (itself when inside;
+        an unset limit's: the loosest)."""
         distribution = self.distribution()
         if isinstance(distribution, CategoricalDistribution):
             return value if value in distribution.choices else distribution.choices[0]
         assert isinstance(distribution, IntDistribution)
+        if value is None:
+            return distribution.high
         return min(max(self.param_for(value, budget), distribution.low), distribution.high)
 
     def as_record(self) -> dict[str, Any]:
@@ -299,6 +304,13 @@ def knob_availability(knob: Knob, capabilities: EngineCapabilities) -> str | Non
         return (
             f"a V0-engine limit: never enforced by vLLM's V1 engine{gone}; "
             f"the {capabilities.engine} engine runs V1"
+        )
+    honoured = release(knob.honoured_from) if knob.honoured_from else None
+    running = release(capabilities.version) if capabilities.engine == "vllm" else None
+    if honoured is not None and running is not None and running < honoured:
+        return (
+            f"vLLM {capabilities.version} accepts {knob.flag} but ignores it on one engine "
+            f"(vLLM {knob.honoured_from} and later honour it there): it would change nothing"
         )
     if knob.name == "async_scheduling" and not capabilities.honours_async_scheduling:
         return (

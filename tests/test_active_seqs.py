@@ -63,3 +63,16 @@ def test_zero_is_refused_in_one_line(tune) -> None:  # type: ignore[no-untyped-d
     code, _, err = tune("simulate", "--trace", "sample", "--max-num-active-seqs", "0")
     assert code == 2 and "max_num_active_seqs" in err and "greater than or equal to 1" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_both_new_knobs_search_end_to_end_when_asked(tune, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``--space`` names them: trials sample them (the engine's unset active limit reads as
+    the loosest), the serve lines carry them, the table shows them."""
+    code, out, err = tune(
+        "run", "--slo", "p99_tpot=50ms", "--space", "max_num_active_seqs=8..256",
+        "--space", "prefill_schedule_interval=1..8", "--trials", "6", "--study", "new-knobs",
+        "--storage", f"sqlite:///{tmp_path / 'tune.db'}", "--no-report",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "act." in out and "cad." in out
+    assert "--prefill-schedule-interval" in out

@@ -298,7 +298,8 @@ CANARY_TOKEN = "hf-canary-2d8e4b6a0c"
 
 def test_secrets_files_and_failures_of_real_trials(tune, workspace: Path) -> None:
     """One study with an API key and a token: a trial that succeeds (the replay authenticates
-    with the key), one vLLM rejects (max_num_active_seqs over max_num_seqs) and one whose
+    with the key), one vLLM rejects (the user's own --max-num-active-seqs over a trial's
+    max_num_seqs: the tuner repairs only the settings it sets) and one whose
     engine core is killed mid-replay; then the same study resumed in the same --log-dir.
     The canaries are nowhere but in the server's own arguments; every trial has its own log
     and step trace; failures keep their causes; exports carry the user's own arguments."""
@@ -307,13 +308,11 @@ def test_secrets_files_and_failures_of_real_trials(tune, workspace: Path) -> Non
     wrapper = f"{sys.executable} {Path(__file__).parent / 'support' / 'fault_server.py'} {plan} "
     options = (
         "--server-arg",
-        f"{KV_BYTES} --api-key {CANARY_KEY}",
+        f"{KV_BYTES} --api-key {CANARY_KEY} --max-num-active-seqs 100",
         "--server-env",
         f"HF_TOKEN={CANARY_TOKEN}",
         "--serve-cmd",
         f"{wrapper} {vllm_python()}",
-        "--set",
-        "max_num_active_seqs=100",
         "--seed",
         "1",
         "--no-rule-trials",  # the sampler's own settings: with seed 1, one vLLM rejects

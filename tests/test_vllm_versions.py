@@ -124,10 +124,31 @@ def test_the_table_matches_the_installed_vllm() -> None:
     if running >= (0, 32, 0):
         assert "--scheduler-reserve-full-isl" in flags
         assert "--no-scheduler-reserve-full-isl" in flags
-        for unsearched in (
-            "--max-num-scheduled-tokens",
-            "--prefill-schedule-interval",
-            "--performance-mode",
-        ):
+        for unsearched in ("--max-num-scheduled-tokens", "--performance-mode"):
             assert unsearched in flags
             assert unsearched.removeprefix("--").replace("-", "_") not in KNOBS
+        # 0.32 has both new knobs' flags; it honours the active limit, and the prefill cadence
+        # only on data-parallel engines (0.33 on one engine too).
+        assert {"--max-num-active-seqs", "--prefill-schedule-interval"} <= set(flags)
+        assert knob_availability(KNOBS["max_num_active_seqs"], installed) is None
+        if running < (0, 33, 0):
+            why = knob_availability(KNOBS["prefill_schedule_interval"], installed)
+            assert why is not None and "ignores it on one engine" in why
+
+
+def test_the_new_scheduler_knobs_are_searched_only_where_honoured_and_asked() -> None:
+    """``max_num_active_seqs`` (vLLM 0.32) and ``prefill_schedule_interval`` (its cadence on one
+    engine from 0.33): dropped, saying why, where the engine lacks or ignores them; searched
+    only when ``--space`` names them (measured: benchmarks/prefill_cadence.py)."""
+    old, v032, v033 = (EngineCapabilities("vllm", v) for v in ("0.31.2", "0.32.0", "0.33.0"))
+    active, cadence = KNOBS["max_num_active_seqs"], KNOBS["prefill_schedule_interval"]
+    assert "added to vLLM in 0.32.0" in (knob_availability(active, old) or "")
+    assert knob_availability(active, v032) is None
+    assert "ignores it on one engine" in (knob_availability(cadence, v032) or "")
+    assert knob_availability(cadence, v033) is None
+    sim = EngineCapabilities("sim", "0.1.0")
+    assert {"max_num_active_seqs", "prefill_schedule_interval"}.isdisjoint(build_space(sim).ranges)
+    asked = build_space(sim, {"max_num_active_seqs": "8..256", "prefill_schedule_interval": "1..8"})
+    assert {"max_num_active_seqs", "prefill_schedule_interval"} <= set(asked.ranges)
+    with pytest.raises(TunerError, match="prefill_schedule_interval: cannot be tuned or set here"):
+        build_space(v032, {"prefill_schedule_interval": "1..8"})
