@@ -423,7 +423,13 @@ def build_kernel_profile(
     return KernelProfile(
         name=label,
         description=(
-            f"{model.name}, {dtype}, on {tp} × {gpu}: sum of measured vLLM kernel times "
+            f"{model.name}, {dtype}"
+            + (
+                f" with {experts_dtype} experts{' spread over the GPUs' if expert_parallel else ''}"
+                if experts_dtype
+                else ""
+            )
+            + f", on {tp} × {gpu}: sum of measured vLLM kernel times "
             f"(AIConfigurator vLLM {provenance.vllm_version} tables)"
         ),
         model=model.name,
