@@ -227,7 +227,8 @@ class Scheduler(SteadyRuns):
                 if request.stale:
                     # Async: output of a step it ran before its preemption is still to come.
                     skipped.append(waiting.popleft())
-                    self.deferred.add(request)
+                    if self.cadence > 1:
+                        self.deferred.add(request)
                     continue
                 hit_blocks = (
                     kv.computed_blocks(request) if request.num_computed == 0 and caching else []
