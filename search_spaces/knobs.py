@@ -24,9 +24,8 @@ class Knob:
 
     name: str
     """vLLM's config field name (``max_num_batched_tokens``)."""
-    kind: Literal["int", "bool", "threshold"]
-    """``int``: log-scale integer; ``bool``: on/off; ``threshold``: 0 (off) or a log-scale
-    integer (searched as one ordered parameter whose lowest value means off)."""
+    kind: Literal["int", "bool", "threshold", "share"]
+    """As :attr:`Searched.kind`."""
     low: int = 0
     high: int = 0
     description: str = ""
@@ -48,6 +47,8 @@ class Knob:
     """The first vLLM release that honours it on one engine (:attr:`Searched.honoured_from`)."""
     restart: bool = True
     """Whether a server must restart to change it."""
+    sheds_load: bool = False
+    """As :attr:`Searched.sheds_load`."""
 
     @property
     def flag(self) -> str:
@@ -101,6 +102,7 @@ KNOBS: dict[str, Knob] = {
             added_in=marker.added_in,
             honoured_from=marker.honoured_from,
             restart=marker.restart,
+            sheds_load=marker.sheds_load,
         )
         for name, marker in searched_settings().items()
     },

@@ -32,16 +32,18 @@ GPU holds (an H200 holds about 1.1M tokens of Llama-3.1-8B's KV cache)."""
 class Searched:
     """How the tuner searches a setting (in the field's ``Annotated``)."""
 
-    kind: Literal["int", "bool", "threshold"]
+    kind: Literal["int", "bool", "threshold", "share"]
     """``int``: log-scale integer; ``bool``: on/off; ``threshold``: 0 (off) or a log-scale
-    integer (searched as one ordered parameter whose lowest value means off)."""
+    integer (searched as one ordered parameter whose lowest value means off); ``share``: 0
+    (off) or a share of a pool, each searched value twice the last (its range in
+    thousandths)."""
     label: str
     """Its short column name in tables (they fit 80 columns; a legend gives the flags)."""
     effect: str
     """Why it is searched: what moving it does to latency."""
     low: int = 0
     high: int = 0
-    """The default range (``int`` and ``threshold``)."""
+    """The default range (``int`` and ``threshold``; ``share``: in thousandths)."""
     searched_by_default: bool = True
     """False: searched only when ``--space`` names it (its engine default stands otherwise)."""
     added_in: str | None = None
@@ -52,6 +54,9 @@ class Searched:
     restart: bool = True
     """Whether a server must restart to change it (every scheduler setting is read at
     start-up)."""
+    sheds_load: bool = False
+    """It turns requests away (HTTP 503), and a turned-away request fails the SLOs: searched
+    only with an error budget, so a study never wins latency by shedding load."""
 
 
 class EngineSettings(BaseModel):
@@ -114,6 +119,43 @@ class EngineSettings(BaseModel):
     prompt already started, timed from the last step that carried a prefill; 1: every step.
     When a step that may prefill cannot drain the waiting queue, holding stops until one
     does."""
+    max_num_queued_reqs: Annotated[
+        int | None,
+        Field(ge=0),
+        Searched(
+            "int",
+            "q.reqs",
+            "Turn requests away (HTTP 503) beyond this many waiting or running: bounds the "
+            "queue, at the cost of the requests turned away.",
+            16,
+            4096,
+            searched_by_default=False,
+            added_in="0.32.0",
+            sheds_load=True,
+        ),
+    ] = None
+    """The API server answers HTTP 503 to a request arriving when this many are unfinished
+    (waiting or running); ``None``: no limit (vLLM 0.32 on, PR #49445). The simulator counts
+    them as the engine has them when it first sees the new request."""
+    max_num_queued_tokens: Annotated[
+        int | None,
+        Field(ge=0),
+        Searched(
+            "int",
+            "q.tok.",
+            "Turn requests away (HTTP 503) while this many prompt tokens await their first "
+            "token: caps the prefill backlog, hence TTFT, at the cost of the requests turned "
+            "away.",
+            1024,
+            1048576,
+            searched_by_default=False,
+            added_in="0.32.0",
+            sheds_load=True,
+        ),
+    ] = None
+    """The API server answers HTTP 503 to a request arriving while the prompts of requests not
+    yet past their first token hold at least this many tokens (whole prompts, however far
+    their prefill has gone); ``None``: no limit (vLLM 0.32 on, PR #49445)."""
     max_model_len: int = Field(default=131072, ge=2)
     """Context length: a request's prompt plus output must fit (longer ones are rejected)."""
     enable_chunked_prefill: Annotated[
@@ -140,8 +182,23 @@ class EngineSettings(BaseModel):
         Searched("bool", "reserve", "Admit only when the whole prompt fits in free KV blocks."),
     ] = True
     """Admit a request only if its whole current sequence fits in free KV blocks."""
-    watermark: float = Field(default=0.0, ge=0.0, lt=1.0)
-    """Share of KV blocks kept free when admitting while other requests run."""
+    watermark: Annotated[
+        float,
+        Field(ge=0.0, lt=1.0),
+        Searched(
+            "share",
+            "wmark",
+            "KV blocks kept free when admitting: fewer preemptions under KV pressure, "
+            "fewer requests running at once.",
+            1,
+            128,
+            searched_by_default=False,
+            restart=False,
+        ),
+    ] = 0.0
+    """Share of the KV pool's blocks kept free when admitting a waiting or preempted request
+    while others run (0: none). Read at each admission, so a server takes a new value
+    without a restart."""
     block_size: int = Field(default=16, ge=1)
     """Tokens per KV cache block (16 on GPU, 128 on CPU); not a trace's ``block_size``, the
     tokens per prefix-hash block of its ``hash_ids``."""

@@ -37,6 +37,9 @@ from prefill_tuner.yaml_input import read_yaml
 THRESHOLD_SUFFIX = "_log2"
 """Threshold knobs searched as absolute values (the default) are searched as log2 exponents;
 the lowest exponent of the range means 0."""
+SHARE_SUFFIX = "_permille_log2"
+"""Share knobs (the KV watermark) are searched as log2 exponents of thousandths; the lowest
+exponent of the range means 0 (off)."""
 HALVINGS_SUFFIX = "_halvings"
 """Threshold knobs searched as a share of ``max_num_batched_tokens`` (:func:`share_of_budget`):
 0 is off, k is the budget halved k times."""
@@ -76,7 +79,7 @@ class KnobRange:
     low: int = 0
     high: int = 0
     allow_off: bool = True
-    """Threshold knobs: whether 0 (off) is part of the range."""
+    """Threshold and share knobs: whether 0 (off) is part of the range."""
     choices: tuple[bool, ...] = (True, False)
     """Boolean knobs: the values searched."""
     halvings: int = 0
@@ -89,13 +92,15 @@ class KnobRange:
             return CategoricalDistribution(list(self.choices))
         if self.knob.kind == "threshold" and self.halvings:
             return IntDistribution(0 if self.allow_off else 1, self.halvings)
-        if self.knob.kind == "threshold":
+        if self.knob.kind in ("threshold", "share"):
             low, high = _log2_floor(self.low), _log2_floor(self.high)
             return IntDistribution(low - 1 if self.allow_off else low, high)
         return IntDistribution(self.low, self.high, log=True)
 
     @property
     def param(self) -> str:
+        if self.knob.kind == "share":
+            return self.knob.name + SHARE_SUFFIX
         if self.knob.kind != "threshold":
             return self.knob.name
         return self.knob.name + (HALVINGS_SUFFIX if self.halvings else THRESHOLD_SUFFIX)
@@ -109,9 +114,11 @@ class KnobRange:
                 return 0
             threshold = min(max(budget >> halvings, self.low), self.high)
             return 0 if threshold >= budget else threshold  # at or above: caps nothing
-        if self.knob.kind == "threshold":
+        if self.knob.kind in ("threshold", "share"):
             exponent = int(param)
             off = _log2_floor(self.low) - 1
+            if self.knob.kind == "share":
+                return 0.0 if exponent <= off else 2**exponent / PER_MILLE
             return 0 if exponent <= off else 2**exponent
         if self.knob.kind == "bool":
             return bool(param)
@@ -125,6 +132,9 @@ class KnobRange:
             return max(1, round(math.log2(budget / int(value))))
         if self.knob.kind == "threshold":
             return _log2_floor(self.low) - 1 if not value else _log2_floor(int(value))
+        if self.knob.kind == "share":
+            permille = round(float(value) * PER_MILLE)
+            return _log2_floor(self.low) - 1 if permille < 1 else _log2_floor(permille)
         return value
 
     def contains(self, value: Any, budget: int | None = None) -> bool:
@@ -247,6 +257,10 @@ class SearchSpace:
             elif r.knob.kind == "threshold":
                 off = "0 (off) or " if r.allow_off else ""
                 lines.append(f"{name}: {off}powers of two {r.low}..{r.high}")
+            elif r.knob.kind == "share":
+                off = "0 (off) or " if r.allow_off else ""
+                low, high = r.low / PER_MILLE, r.high / PER_MILLE
+                lines.append(f"{name}: {off}{low:g}..{high:g}, each twice the last")
             else:
                 lines.append(f"{name}: {r.low}..{r.high} (log scale)")
         lines += [f"{name} = {value} (fixed)" for name, value in self.fixed.items()]
@@ -263,6 +277,19 @@ def baseline_outside_note(outside: Mapping[str, Any]) -> str:
         for name, value in outside.items()
     )
     return f"{BASELINE_OUTSIDE}: {values}; it runs as the baseline all the same"
+
+
+def knob_of_param(param: str) -> str:
+    """The knob an Optuna parameter searches (``long_prefill_token_threshold_log2`` →
+    ``long_prefill_token_threshold``; a plain knob's parameter is its name)."""
+    for suffix in (THRESHOLD_SUFFIX, HALVINGS_SUFFIX, SHARE_SUFFIX):
+        if param.endswith(suffix) and param[: -len(suffix)] in KNOBS:
+            return param[: -len(suffix)]
+    return param
+
+
+PER_MILLE = 1000
+"""A share knob's range is kept in thousandths (``KnobRange.low``/``high`` are integers)."""
 
 
 def _log2_floor(value: int) -> int:
@@ -386,6 +413,8 @@ def _range(knob: Knob, text: str | None) -> KnobRange:
         if not choices or len(set(choices)) != len(choices):
             raise TunerError(f"`ranges` {knob.name}={text}: expected true, false or true,false")
         return KnobRange(knob, choices=choices)
+    if knob.kind == "share":
+        return _share_range(knob, text, spec)
     low_text, sep, high_text = spec.partition("..")
     try:
         low, high = int(low_text), int(high_text if sep else low_text)
@@ -412,6 +441,28 @@ def _range(knob: Knob, text: str | None) -> KnobRange:
     if not 1 <= low <= high:
         raise TunerError(f"`ranges` {knob.name}={text}: expected 1 ≤ LOW ≤ HIGH")
     return KnobRange(knob, low, high)
+
+
+def _share_range(knob: Knob, text: str, spec: str) -> KnobRange:
+    """``0..0.05`` (off or a share up to 5%) or ``0.01..0.05``: shares of the KV pool, each
+    searched value twice the last, from a thousandth up."""
+    low_text, sep, high_text = spec.partition("..")
+    try:
+        low, high = float(low_text), float(high_text if sep else low_text)
+    except ValueError:
+        raise TunerError(f"`ranges` {knob.name}={text}: expected LOW..HIGH, e.g. 0..0.1") from None
+    if not (math.isfinite(low) and math.isfinite(high) and 0 <= low <= high < 1):
+        raise TunerError(f"`ranges` {knob.name}={text}: expected 0 ≤ LOW ≤ HIGH < 1")
+    allow_off = low == 0
+    low_permille = max(1, round(low * PER_MILLE))
+    high_permille = round(high * PER_MILLE)
+    if high_permille < max(low_permille, 1):
+        raise TunerError(
+            f"`ranges` {knob.name}={text}: HIGH must be at least 0.001 (a thousandth of the pool)"
+            if allow_off or high < 0.001
+            else f"`ranges` {knob.name}={text}: expected LOW ≤ HIGH in thousandths"
+        )
+    return KnobRange(knob, low_permille, high_permille, allow_off=allow_off)
 
 
 def _parse_bool(text: str, name: str) -> bool:

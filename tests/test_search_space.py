@@ -211,6 +211,36 @@ def test_by_default_the_threshold_is_an_absolute_power_of_two() -> None:
     assert knob.param_for(0) == 5
 
 
+def test_the_kv_watermark_is_searched_as_a_share_off_or_doubling_when_asked() -> None:
+    """vLLM's ``--watermark`` is a float share of the KV pool: searched as off or a share each
+    twice the last (thousandths, on a log scale), only when ``--space`` names it."""
+    assert "watermark" not in build_space(SIM).ranges
+    space = build_space(SIM, {"watermark": "0..0.05"})
+    knob = space.ranges["watermark"]
+    assert knob.param == "watermark_permille_log2"
+    distribution = space.distributions()[knob.param]
+    assert (distribution.low, distribution.high) == (-1, 5)
+    values = [knob.value(e) for e in range(distribution.low, distribution.high + 1)]
+    assert values == [0.0, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032]
+    assert all(knob.contains(v) for v in values) and not knob.contains(0.2)
+    assert knob.param_for(0.0) == -1 and knob.param_for(0.016) == 4
+    assert space.settings_from_params({knob.param: 3}) == {"watermark": 0.008}
+    assert serve_args({"watermark": 0.008}) == ["--watermark", "0.008"]
+    assert "watermark: 0 (off) or 0.001..0.05, each twice the last" in space.describe()
+    assert not build_space(SIM, {"watermark": "0.01..0.1"}).ranges["watermark"].allow_off
+    SimConfig(watermark=knob.value(distribution.high))  # every point is a valid setting
+    for bad, words in [
+        ("0..1", "< 1"),
+        ("nan..0.1", "0 ≤ LOW"),
+        ("-0.1..0.1", "0 ≤ LOW"),
+        ("0..inf", "0 ≤ LOW"),
+        ("0..0.0001", "at least 0.001"),
+        ("a..b", "LOW..HIGH"),
+    ]:
+        with pytest.raises(TunerError, match=words):
+            build_space(SIM, {"watermark": bad})
+
+
 def test_a_threshold_at_or_above_the_budget_is_off_in_every_trial() -> None:
     """vLLM cuts a chunk to the threshold, then to the budget left (never more than the
     budget): at or above the budget the threshold caps nothing, so the one form is off."""

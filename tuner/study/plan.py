@@ -256,6 +256,13 @@ def build_plan(
         if objective_mode != "latency":
             raise TunerError("`screen_trials`: only with `objective_mode` latency")
     search = search_space_for(engine, space)
+    shedding = [name for name, r in search.ranges.items() if r.knob.sheds_load]
+    if shedding and not error_budget:
+        raise TunerError(
+            f"`ranges` {shedding[0]}: it turns requests away (HTTP 503), and with no error "
+            "budget every request turned away fails the SLOs: search it with `error_budget` "
+            "above 0 (--error-budget), or fix it with `fixed`"
+        )
     shaping = trace.shaping.model_copy(
         update={"max_model_len": engine.max_model_len(search.fixed), "over_length": "clip"}
     )

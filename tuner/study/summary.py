@@ -23,6 +23,7 @@ from prefill_tuner.files import read_input, why_unreadable
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.render import command_yaml
+from prefill_tuner.search_spaces.space import knob_of_param
 from prefill_tuner.storage.batched import optuna_storage
 from prefill_tuner.storage.models import StudyRecord, TrialRecord
 from prefill_tuner.storage.store import TunerStore, redact_url
@@ -101,6 +102,7 @@ def summarize_study(
     cuts = [cut_short_record(trial) for trial in trials]
     cuts = [cut for cut in cuts if cut]
     errors = _prediction_errors(trials, objectives)
+    searched = {knob_of_param(param) for trial in trials for param in trial.params}
     return StudySummary(
         study=record,
         objectives=objectives,
@@ -112,14 +114,7 @@ def summarize_study(
         finished=len(trials),
         cut_short=len(cuts),
         saved_s=sum(float(cut.get("saved_s") or 0.0) for cut in cuts),
-        knobs=tuple(
-            knob
-            for knob in KNOBS
-            if any(
-                knob in t.params or f"{knob}_log2" in t.params or f"{knob}_halvings" in t.params
-                for t in trials
-            )
-        ),
+        knobs=tuple(knob for knob in KNOBS if knob in searched),
         prediction_error={name: float(np.median(values)) for name, values in errors.items()},
         predicted_trials=max((len(values) for values in errors.values()), default=0),
         headroom=headroom,
@@ -273,13 +268,13 @@ knob's label is declared with it: ``search_spaces/settings.py``)."""
 
 
 def knob_cells(settings: dict[str, Any], knobs: Sequence[str]) -> list[str]:
-    """Table cells of ``settings`` for ``knobs``: on/off, off for a zero threshold."""
+    """Table cells of ``settings`` for ``knobs``: on/off, off for a zero threshold or share."""
     cells = []
     for knob in knobs:
         value = settings.get(knob, "")
         if isinstance(value, bool):
             cells.append("on" if value else "off")
-        elif knob == "long_prefill_token_threshold" and value == 0:
+        elif knob in KNOBS and KNOBS[knob].kind in ("threshold", "share") and value == 0:
             cells.append("off")
         else:
             cells.append(str(value))

@@ -135,9 +135,11 @@ def simulate(
         loop = _Loop(config, profile, [], on_step, fast_forward)
         client = ClosedLoop(requests, max_concurrency, loop.add, loop.path)
         loop.on_finish = client.release
+        loop.on_reject = client.turned_away
         client.fill(0)
     for _ in loop.steps():  # no horizon: it never pauses
         raise AssertionError("the loop paused without a horizon")
+    errors.update(loop.turned_away)
     if loop.stalled:
         for request in requests:
             if request.status not in (Status.FINISHED, Status.REJECTED):
@@ -250,6 +252,12 @@ class ClosedLoop:
             self.in_flight += 1
             self.send(request, sent)
 
+    def turned_away(self, request: SimRequest, at: int) -> None:
+        """The server answered ``request`` with HTTP 503 at ``at`` (ticks): its slot frees
+        then."""
+        self.in_flight -= 1
+        self.fill(at + self.path.response)
+
     def release(self, finished: list[SimRequest], at: int) -> None:
         """``finished`` had their last tokens sampled by the step that ended at ``at``
         (ticks): each one's slot frees when its client reads that token."""
@@ -302,16 +310,33 @@ class _Loop(FastForward):
         self.busy = 0
         """Ticks spent computing steps (the device's, when asynchronous)."""
         self.stalled: str | None = None
+        self.turned_away: dict[int, str] = {}
+        """Why each request a queue limit turned away was (by index)."""
+        self.on_reject: Callable[[SimRequest, int], None] | None = None
+        """Told of each request turned away, with the tick it was (its client has the 503
+        then: a closed-loop client sends the next one)."""
 
     def _admit_arrivals(self, now: int) -> None:
         """Hand the scheduler every request that reached it by ``now`` (each one noting
-        when it did: its ready tick, which may be before ``now``)."""
+        when it did: its ready tick, which may be before ``now``), unless a queue limit
+        turns it away (:func:`turned_away`)."""
         ready, accepted, scheduler = self.ready, self.accepted, self.scheduler
+        limited = self.config.max_num_queued_reqs is not None or (
+            self.config.max_num_queued_tokens is not None
+        )
         while self.next_arrival < len(accepted) and ready[self.next_arrival] <= now:
             request = accepted[self.next_arrival]
-            request.seen_s = ready[self.next_arrival] / NS
-            scheduler.add_request(request)
+            at = ready[self.next_arrival]
             self.next_arrival += 1
+            refusal = turned_away(self.config, scheduler) if limited else None
+            if refusal is None:
+                request.seen_s = at / NS
+                scheduler.add_request(request)
+                continue
+            request.status = Status.REJECTED
+            self.turned_away[request.index] = refusal
+            if self.on_reject is not None:
+                self.on_reject(request, at)
 
     def _upcoming(self) -> int | None:
         """When the next request reaches the scheduler, if one is still to come (at the
@@ -482,6 +507,30 @@ class _Loop(FastForward):
             self._emit(step, finished)
             if finished and self.on_finish is not None:
                 self.on_finish(finished, step.end)
+
+
+QUEUE_FULL = "rejected: HTTP 503, max_num_queued_reqs reached"
+PREFILL_BACKLOG = "rejected: HTTP 503, max_num_queued_tokens reached"
+
+
+def turned_away(config: SimConfig, scheduler: Scheduler) -> str | None:
+    """Why vLLM's API server answers a new request HTTP 503 (``AsyncLLM.check_admission``,
+    vLLM 0.32 on), or ``None`` when it takes it: ``max_num_queued_reqs`` counts the unfinished
+    requests (waiting or running), the new one included; ``max_num_queued_tokens`` the whole
+    prompts of those not yet past their first token, the new one not included. The API server
+    learns of a first or last token when its output reaches it; here, as the engine has them
+    when it first sees the new request (the same where the server adds no way back)."""
+    waiting, running = scheduler.waiting, scheduler.running
+    limit = config.max_num_queued_reqs
+    if limit is not None and len(waiting) + len(running) + 1 > limit:
+        return QUEUE_FULL
+    limit = config.max_num_queued_tokens
+    if limit is not None:
+        backlog = sum(r.prompt for r in waiting if not r.num_output)
+        backlog += sum(r.prompt for r in running if not r.num_output)
+        if backlog >= limit:
+            return PREFILL_BACKLOG
+    return None
 
 
 def _ready_times(requests: list[SimRequest], path: ServerPath) -> list[int]:

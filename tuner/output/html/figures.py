@@ -20,8 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from prefill_tuner.objectives.slo import METRICS
-from prefill_tuner.search_spaces.knobs import KNOBS
-from prefill_tuner.search_spaces.space import HALVINGS_SUFFIX, THRESHOLD_SUFFIX
+from prefill_tuner.search_spaces.space import knob_of_param
 from prefill_tuner.storage.models import TrialRecord
 from prefill_tuner.study.plan import RATE_MULTIPLIER
 
@@ -46,13 +45,6 @@ def _label(name: str) -> str:
     if name == RATE_MULTIPLIER:
         return f"{name} (× the trace's rate)"
     return f"{name} (ms)" if _scale(name) > 1 else name
-
-
-def knob_name(param: str) -> str:
-    """The knob an Optuna parameter searches (a threshold is searched as its log2, or as
-    halvings of the budget)."""
-    knob = param.removesuffix(THRESHOLD_SUFFIX).removesuffix(HALVINGS_SUFFIX)
-    return knob if knob in KNOBS else param
 
 
 def _scale(name: str) -> float:
@@ -255,10 +247,10 @@ def optuna_figures(study: optuna.Study, objectives: Sequence[str]) -> list[tuple
                 )
             for bars in importance.data:  # the knobs' names, not the parameters'
                 params = list(bars.y)
-                bars.y = [knob_name(param) for param in params]
+                bars.y = [knob_of_param(param) for param in params]
                 if isinstance(bars.hovertemplate, tuple | list):
                     bars.hovertemplate = [
-                        text.replace(param, knob_name(param), 1)
+                        text.replace(param, knob_of_param(param), 1)
                         for param, text in zip(params, bars.hovertemplate, strict=True)
                     ]
             importance.update_layout(
