@@ -12,8 +12,7 @@ render a field by its name (:mod:`prefill_tuner.search_spaces.render`). The sche
 a knob is written once, in ``engines/sim/scheduler.py`` beside vLLM's; the fast path
 (``engines/sim/steady_runs.py``) is checked against it by ``tests/test_sim_engine.py``.
 
-Every setting vLLM reads at start-up: changing any of them means a new server
-(:attr:`Searched.restart`).
+Which of them a running server can take, and which need a new one: :attr:`Searched.restart`.
 """
 
 from __future__ import annotations
@@ -52,8 +51,9 @@ class Searched:
     """The first vLLM release where it does what the simulator does on one engine (an earlier
     one accepts the flag and ignores it there); ``None``: wherever it is accepted."""
     restart: bool = True
-    """Whether a server must restart to change it (every scheduler setting is read at
-    start-up)."""
+    """Whether a server must restart to change it: ``False`` for a knob vLLM's scheduler reads
+    on every step and nothing sized at start-up depends on, which a real study changes on a
+    running server (``tuner/engines/real/live_scheduler.py`` sets each)."""
     sheds_load: bool = False
     """It turns requests away (HTTP 503), and a turned-away request fails the SLOs: searched
     only with an error budget, so a study never wins latency by shedding load."""
@@ -172,6 +172,7 @@ class EngineSettings(BaseModel):
             "Per-request, per-step prefill cap (0 = off): stops one prompt taking the step.",
             64,
             8192,
+            restart=False,
         ),
     ] = 0
     """Per-request, per-step token cap for prefills (0 = off). Ignored with one request."""
@@ -179,7 +180,12 @@ class EngineSettings(BaseModel):
     """Raise the cap to ``max_num_batched_tokens // (running + waiting)`` when that is larger."""
     scheduler_reserve_full_isl: Annotated[
         bool,
-        Searched("bool", "reserve", "Admit only when the whole prompt fits in free KV blocks."),
+        Searched(
+            "bool",
+            "reserve",
+            "Admit only when the whole prompt fits in free KV blocks.",
+            restart=False,
+        ),
     ] = True
     """Admit a request only if its whole current sequence fits in free KV blocks."""
     watermark: Annotated[

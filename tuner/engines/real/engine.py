@@ -1,5 +1,6 @@
 """Real vLLM as a trial engine: per trial, resolve the config with vLLM's own code, start a
-server with the trial's flags, replay the trace, stop the server, measure.
+server with the trial's flags (or keep the last one, when only knobs vLLM reads every step
+changed: :mod:`prefill_tuner.engines.real.live`), replay the trace, measure.
 
 vLLM may live in its own virtual environment (``--vllm-python``); everything that needs vLLM's
 code runs there through ``tuner/engines/vllm_args.py``.
@@ -27,6 +28,13 @@ from prefill_tuner import defaults
 from prefill_tuner.engines.base import CutShort, EngineRun, TrialEngine
 from prefill_tuner.engines.real.guard import ReplayGuard
 from prefill_tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
+from prefill_tuner.engines.real.live import (
+    SCHEDULER_FLAG,
+    LiveSettings,
+    LiveSettingsError,
+    live_knobs,
+    scheduler_class,
+)
 from prefill_tuner.engines.real.replay import ReplayOptions, ReplayResult, ReplayState, replay
 from prefill_tuner.engines.real.resolver import (
     VllmQueryError,
@@ -66,8 +74,20 @@ DEFAULT_TOKEN_HIGH = 32000
 """Prompt token ids stay below this when the model's vocabulary size is unknown."""
 
 
+@dataclass
+class _Kept:
+    """The server kept between trials, and the start-up arguments it was started with."""
+
+    server: VllmServer
+    args: tuple[str, ...]
+    log_path: Path
+    trials: int = 0
+    """Trials it has served."""
+
+
 class VllmEngine:
-    """Trials on real vLLM servers, one per trial."""
+    """Trials on real vLLM servers: a new one whenever a start-up setting changes, else the
+    last one, kept (``reuse_servers``)."""
 
     name = "vllm"
     deterministic = False
@@ -87,8 +107,12 @@ class VllmEngine:
         log_dir: Path = defaults.LOG_DIR,
         startup_timeout_s: float = 600.0,
         hang_timeout_s: float = defaults.HANG_TIMEOUT_S,
+        reuse_servers: bool = True,
     ) -> None:
         self.model = model
+        self.reuse_servers = reuse_servers
+        self._kept: _Kept | None = None
+        self._live: LiveSettings | None = None
         self.python = python or sys.executable
         self.serve_command = tuple(serve_command)
         self._server_args = tuple(server_args)
@@ -130,6 +154,13 @@ class VllmEngine:
                 )
             self.defaults = probed["resolved"]
             self.token_high = _vocab_size(model) or DEFAULT_TOKEN_HIGH
+            own_scheduler = any(
+                arg == SCHEDULER_FLAG or arg.startswith(SCHEDULER_FLAG + "=")
+                for arg in self._server_args
+            )
+            self.live_knobs = live_knobs(flags) if reuse_servers and not own_scheduler else ()
+            """The knobs its servers take while running (none: a server per trial, as with
+            the user's own ``--scheduler-cls``)."""
         except BaseException:
             self.resolver.close()
             raise
@@ -156,27 +187,90 @@ class VllmEngine:
             raise TunerError(f"`fixed` {given}: vLLM refuses it: {exc}") from None
         return fixed
 
-    def server_spec(self, args: Sequence[str], label: str) -> ServerSpec:
+    def server_spec(
+        self, args: Sequence[str], label: str, log_path: Path | None = None
+    ) -> ServerSpec:
         """How to start this engine's server with ``args`` (the user's server arguments and a
-        run's settings as flags), its log a new file named after ``label``."""
+        run's settings as flags), its log ``log_path`` or a new file named after ``label``."""
+        env = {**SERVER_ENV, **logging_config_env(self.log_dir), **self.env}
+        if self._live is not None:
+            env.update(self._live.env(self.env))
         return ServerSpec(
             model=self.model,
             args=list(args),
             python=self.python,
             serve_command=self.serve_command,
-            env={**SERVER_ENV, **logging_config_env(self.log_dir), **self.env},
-            log_path=new_log_path(self.log_dir, label),
+            env=env,
+            log_path=log_path or new_log_path(self.log_dir, label),
             startup_timeout_s=self.startup_timeout_s,
         )
+
+    def _startup_args(self, settings: dict[str, Any], resolved: dict[str, Any]) -> list[str]:
+        """The arguments a server for ``settings`` starts with: the user's, the settings'
+        flags but those of the knobs it takes while running, and the live scheduler."""
+        startup = {k: v for k, v in settings.items() if k not in self.live_knobs}
+        args = [*self._server_args, *serve_args(startup, self.capabilities)]
+        if ITERATION_FLAG in (self.capabilities.accepted_flags or ()):
+            args.append(ITERATION_FLAG)
+        if self.live_knobs:
+            scheduler = resolved.get("scheduler_config", {})
+            args += [SCHEDULER_FLAG, scheduler_class(bool(scheduler.get("async_scheduling")))]
+        return args
+
+    def _server_for(
+        self, args: list[str], settings: dict[str, Any], resolved: dict[str, Any], log_path: Path
+    ) -> tuple[VllmServer, Path, bool]:
+        """A healthy server for a trial: the kept one if it started with the same arguments
+        (``args`` with the per-step knobs' flags left out) and still runs, else a new one
+        logging to ``log_path``; its log, and whether it was kept."""
+        startup = tuple(self._startup_args(settings, resolved) if self.live_knobs else args)
+        kept = self._kept
+        if kept is not None and kept.args == startup and kept.server.alive:
+            log_path.write_text(
+                f"The server of {kept.log_path.name} was kept for this trial (only settings "
+                f"it takes while running changed); its log from byte {_size(kept.log_path)} "
+                "is this trial's.\n"
+            )
+            return kept.server, kept.log_path, True
+        self.stop_server()
+        if self.live_knobs and self._live is None:
+            self._live = LiveSettings()
+        server = VllmServer(self.server_spec(startup, "", log_path))
+        server.__enter__()  # stops the server itself if it does not become healthy
+        self._kept = _Kept(server, startup, log_path)
+        return server, log_path, False
+
+    def _apply_live(self, server: VllmServer, resolved: dict[str, Any]) -> dict[str, Any]:
+        """Give the server the trial's values of the knobs it takes while running (``{}``:
+        none); what its scheduler says it runs with."""
+        if not self.live_knobs or self._live is None:
+            return {}
+        scheduler = resolved.get("scheduler_config", {})
+        values = {name: scheduler[name] for name in self.live_knobs if name in scheduler}
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        return self._live.apply(server.base_url, values, model=self.model, headers=headers)
 
     def settings_args(self, settings: dict[str, Any]) -> list[str]:
         """The server arguments of a run with ``settings``: the user's, then the settings'."""
         return [*self._server_args, *serve_args(settings, self.capabilities)]
 
     def close(self) -> None:
-        """Stop the config helper process now (it would stop when this process exits, which
-        may be after the command's last word: every command closes its engine)."""
-        self.resolver.close()
+        """Stop the kept server and the config helper process now (they would stop when this
+        process exits, which may be after the command's last word: every command closes its
+        engine)."""
+        try:
+            self.stop_server()
+        finally:
+            self.resolver.close()
+            if self._live is not None:
+                self._live.close()
+                self._live = None
+
+    def stop_server(self) -> None:
+        """Stop the server kept for the next trial, if any."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.server.stop()
 
     def default_settings(self) -> dict[str, Any]:
         scheduler = self.defaults.get("scheduler_config", {})
@@ -232,7 +326,7 @@ class VllmEngine:
                 failure=f"vLLM rejected the settings: {exc}",
             )
         overhead = {"resolve": time.perf_counter() - began}
-        spec = self.server_spec(args, label or "run")
+        log_path = new_log_path(self.log_dir, label or "run")
         options = ReplayOptions(
             model=self.model,
             token_high=self.token_high,
@@ -240,35 +334,62 @@ class VllmEngine:
             max_concurrency=max_concurrency,
         )
         try:
-            with VllmServer(spec) as server:
-                startup_s = server.startup_s
-                assert startup_s is not None  # measured once healthy, before the block runs
-                overhead["start-up"] = startup_s
-                served_version = httpx.get(f"{server.base_url}/version", timeout=10).json()
-                watched = asyncio.run(
-                    _watched_replay(server, trace, options, early_abort, self.hang_timeout_s)
-                )
-                overhead["replay"] = watched.result.wall_s
-                stopping = time.perf_counter()
-            overhead["teardown"] = time.perf_counter() - stopping
+            server, server_log, reused = self._server_for(args, settings, resolved, log_path)
         except ServerStartError as exc:
             return EngineRun(
                 None,
                 resolved,
                 self.version,
                 failure=exc.reason,
-                details={"log": str(spec.log_path), "overhead_s": overhead},
-                log_path=str(spec.log_path),
+                details={"log": str(log_path), "overhead_s": overhead},
+                log_path=str(log_path),
                 overhead_s=overhead,
             )
+        startup_s = 0.0 if reused else server.startup_s
+        assert startup_s is not None  # measured once healthy
+        overhead["start-up"] = startup_s
+        keep = False
+        try:
+            live = self._apply_live(server, resolved)
+            log_offset = _size(server_log)
+            served_version = httpx.get(f"{server.base_url}/version", timeout=10).json()
+            watched = asyncio.run(
+                _watched_replay(server, trace, options, early_abort, self.hang_timeout_s)
+            )
+            overhead["replay"] = watched.result.wall_s
+            # Kept only after a replay that ended as planned (a cut-short one leaves requests
+            # to abort, a failed one a server not to trust).
+            keep = bool(self.live_knobs) and watched.guard.failure is None
+            keep = keep and watched.state.stopped_at_s is None
+        except LiveSettingsError as exc:
+            return EngineRun(
+                None,
+                resolved,
+                self.version,
+                failure=str(exc),
+                details={"log": str(server_log), "overhead_s": overhead},
+                log_path=str(server_log),
+                overhead_s=overhead,
+            )
+        finally:
+            stopping = time.perf_counter()
+            if not keep:
+                self.stop_server()
+            overhead["teardown"] = time.perf_counter() - stopping
+        assert self._kept is None or self._kept.server is server
+        if self._kept is not None:
+            self._kept.trials += 1
+        else:
+            server.log_settled()
         result = watched.result
-        steps = parse_iteration_log(spec.log_path)
-        steps_path = spec.log_path.with_suffix(".steps.jsonl")
+        steps = parse_iteration_log(server_log, log_offset)
+        steps_path = log_path.with_suffix(".steps.jsonl")
         with atomic_text(steps_path) as stream:
             stream.writelines(json.dumps(step) + "\n" for step in steps)
         lateness = result.lateness_s
         details: dict[str, Any] = {
-            "log": str(spec.log_path),
+            "log": str(server_log),
+            "server": {"reused": reused, "live": live, "log_offset": log_offset},
             "client_lateness_p50_s": float(np.percentile(lateness, 50)),
             "client_lateness_p99_s": float(np.percentile(lateness, 99)),
             "client_lateness_max_s": float(lateness.max()),
@@ -284,7 +405,17 @@ class VllmEngine:
             ),
         }
         if watched.served_config:
-            details["config_mismatches"] = config_mismatches(resolved, watched.served_config)
+            mismatches = config_mismatches(resolved, watched.served_config)
+            # A kept server reports its start-up values of the knobs it took since: the
+            # scheduler's own word on those is ``live`` (and its class is the tuner's).
+            if self.live_knobs:
+                mismatches.pop("scheduler_cls", None)
+            for name, value in live.items():
+                mismatches.pop(name, None)
+                wanted = resolved.get("scheduler_config", {}).get(name)
+                if wanted != value:
+                    mismatches[name] = [wanted, value]
+            details["config_mismatches"] = mismatches
         cut_short = watched.cut_short(trace)
         if cut_short is not None:
             details["cut_short"] = {**asdict(cut_short), "saved_s": cut_short.saved_s}
@@ -300,7 +431,7 @@ class VllmEngine:
             failure=watched.guard.failure,
             details=details,
             cut_short=cut_short,
-            log_path=str(spec.log_path),
+            log_path=str(server_log),
             startup_s=startup_s,
             records=result.records,
             overhead_s=overhead,
@@ -429,6 +560,13 @@ def new_log_path(log_dir: Path, label: str) -> Path:
             continue
         return path
     raise TunerError(f"`log_dir` {log_dir}: no free log name for {stem}")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _api_key(args: Sequence[str], env: Mapping[str, str]) -> str | None:

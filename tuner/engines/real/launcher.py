@@ -106,6 +106,11 @@ class VllmServer:
         self._log_writer: threading.Thread | None = None
 
     @property
+    def alive(self) -> bool:
+        """Whether its process runs (started and not exited)."""
+        return self.process is not None and self.process.poll() is None
+
+    @property
     def base_url(self) -> str:
         return f"http://{self.spec.host}:{self.port}"
 

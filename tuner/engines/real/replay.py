@@ -341,7 +341,12 @@ async def _send(
                 async for line in response.aiter_lines():
                     if not line.startswith("data: {"):
                         continue
-                    choices = json.loads(line[6:]).get("choices") or []
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk and error is None:
+                        # The stream began, then the server gave up on the request (vLLM
+                        # 0.32's queue limits can answer so): its own status and words.
+                        error = _streamed_error(chunk["error"])
+                    choices = chunk.get("choices") or []
                     if choices:
                         ids = choices[0].get("token_ids")
                         state.record_tokens(index, len(ids) if ids else 1)
@@ -360,6 +365,15 @@ async def _send(
         traffic_class=request.traffic_class,
         error=error,
     )
+
+
+def _streamed_error(error: object) -> str:
+    """``HTTP 503: ...`` for an error object sent in a stream (its ``code`` is the status)."""
+    if not isinstance(error, dict):
+        return _message(json.dumps(error))
+    code = error.get("code")
+    status = f"HTTP {code}: " if isinstance(code, int) else "error in the stream: "
+    return status + _message(json.dumps({"message": error.get("message") or str(error)}))
 
 
 def _message(text: str) -> str:

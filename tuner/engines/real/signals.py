@@ -58,11 +58,14 @@ GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
 COUNTERS = ("num_preemptions", "prefix_cache_queries", "prefix_cache_hits")
 
 
-def parse_iteration_log(path: Path) -> list[dict[str, Any]]:
-    """The server's per-step lines as step records (empty when the log has none)."""
+def parse_iteration_log(path: Path, offset: int = 0) -> list[dict[str, Any]]:
+    """The server's per-step lines as step records (empty when the log has none), from byte
+    ``offset`` on (a kept server's log holds every trial it served)."""
     steps = []
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with path.open("rb") as stream:
+            stream.seek(offset)
+            text = stream.read().decode("utf-8", errors="replace")
     except OSError:
         return []
     for match in ITERATION_RE.finditer(text):

@@ -1,0 +1,144 @@
+"""Real trials that restart the server only when they must (issue 45).
+
+A vLLM server reads some scheduler knobs at start-up only (the token budget and the sequence
+slots size the runner, the KV pool and the CUDA graphs, and enter the compiled graph's hash
+from vLLM 0.33), and the others on every step (:attr:`Searched.restart` ``False``). A study
+keeps its server while only the second kind changes: the server runs
+:mod:`prefill_tuner.engines.real.live_scheduler` (vLLM's own scheduler, given
+``--scheduler-cls``), and before each replay :class:`LiveSettings` writes the trial's values of
+those knobs to a file the scheduler reads, makes it look (one short request), waits for its
+acknowledgement, and empties the prefix cache, so a replay on a kept server starts as one on a
+new server does. A fresh server goes through the same steps: a result never depends on whether
+its server was kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from prefill_tuner.errors import TunerError
+from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.search_spaces.settings import EngineSettings
+
+SCHEDULER_FLAG = "--scheduler-cls"
+MODULE = "prefill_tuner_live"
+"""The name the scheduler's module has on the server's ``PYTHONPATH``."""
+SETTINGS_ENV = "PREFILL_TUNER_LIVE_SETTINGS"
+ACK_SUFFIX = ".ack"
+ACK_TIMEOUT_S = 60.0
+"""How long the scheduler may take to acknowledge new settings (one short request on an idle
+server: well under a second, minutes only on a starved machine)."""
+
+LIVE_KNOBS = tuple(name for name, knob in KNOBS.items() if not knob.restart)
+"""The knobs a running server takes (``restart=False``), in declaration order."""
+
+
+class LiveSettingsError(TunerError):
+    """The server did not take a trial's per-step settings."""
+
+
+def live_knobs(accepted_flags: frozenset[str] | None) -> tuple[str, ...]:
+    """The per-step knobs this server's vLLM accepts (``None``: flags not probed, none)."""
+    if accepted_flags is None or SCHEDULER_FLAG not in accepted_flags:
+        return ()
+    return tuple(k for k in LIVE_KNOBS if KNOBS[k].flag in accepted_flags)
+
+
+def live_values(settings: Mapping[str, Any], knobs: tuple[str, ...]) -> dict[str, Any]:
+    """Every live knob's value for a trial: its own, else vLLM's default (a kept server must
+    not keep the last trial's value of a knob this trial leaves unset)."""
+    fields = EngineSettings.model_fields
+    return {name: settings.get(name, fields[name].default) for name in knobs}
+
+
+def scheduler_class(async_scheduling: bool) -> str:
+    """The ``--scheduler-cls`` value: the live scheduler of the kind the engine resolves to
+    (a synchronous class would turn vLLM's asynchronous scheduling off)."""
+    return f"{MODULE}.{'LiveAsyncScheduler' if async_scheduling else 'LiveScheduler'}"
+
+
+class LiveSettings:
+    """The settings file of one engine's servers, with the scheduler's module beside it, in
+    a private temporary folder removed by :meth:`close`."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="tune-live-"))
+        source = resources.files("prefill_tuner.engines.real") / "live_scheduler.py"
+        (self.folder / f"{MODULE}.py").write_text(source.read_text(encoding="utf-8"))
+        self.path = self.folder / "settings.json"
+        self.generation = 0
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The server's environment additions: the module first on ``PYTHONPATH`` (before the
+        one ``base``, the server's own environment, gives), and the settings file."""
+        existing = base.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        path = str(self.folder) + (os.pathsep + existing if existing else "")
+        return {"PYTHONPATH": path, SETTINGS_ENV: str(self.path)}
+
+    def apply(
+        self,
+        base_url: str,
+        values: Mapping[str, Any],
+        *,
+        model: str,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float = ACK_TIMEOUT_S,
+    ) -> dict[str, Any]:
+        """Set ``values`` on the idle server at ``base_url`` and empty its prefix cache; what
+        the scheduler says it now runs with."""
+        self.generation += 1
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"generation": self.generation, "settings": dict(values)}))
+        os.replace(temporary, self.path)
+        ack = Path(str(self.path) + ACK_SUFFIX)
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s) as client:
+            response = client.post(
+                "/v1/completions",
+                json={"model": model, "prompt": [1, 2, 3, 4], "max_tokens": 1},
+            )
+            if response.status_code != 200:
+                raise LiveSettingsError(
+                    f"the server refused the request that applies a trial's settings: "
+                    f"HTTP {response.status_code}"
+                )
+            while True:
+                answer = _read_ack(ack)
+                if answer is not None and answer.get("generation") == self.generation:
+                    break
+                if time.monotonic() > deadline:
+                    raise LiveSettingsError(
+                        f"the server's scheduler did not take new settings in {timeout_s:.0f} s "
+                        f"(was it started with {SCHEDULER_FLAG} {MODULE}...?)"
+                    )
+                time.sleep(0.02)
+            if answer.get("refused"):
+                name, why = next(iter(answer["refused"].items()))
+                raise LiveSettingsError(f"the server's scheduler refused {name}: {why}")
+            reset = client.post("/reset_prefix_cache")
+            if reset.status_code != 200:
+                raise LiveSettingsError(
+                    f"the server did not empty its prefix cache: HTTP {reset.status_code}"
+                )
+        return dict(answer.get("applied") or {})
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _read_ack(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
