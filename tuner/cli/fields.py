@@ -58,6 +58,7 @@ FLAGS: dict[str, str] = {
     "server_env": "--server-env",
     "log_dir": "--log-dir",
     "hang_timeout_s": "--hang-timeout",
+    "reuse_servers": "--reuse-servers",
     "model_config": "--model-config",
     "gpu": "--gpu",
     "tp": "--tp",

@@ -166,6 +166,7 @@ def _engine_options(
     server_env: list[str] | None,
     log_dir: Path | None,
     hang_timeout: float | None,
+    reuse_servers: bool,
     **hardware: Any,
 ) -> EngineOptions:
     return EngineOptions(
@@ -177,6 +178,7 @@ def _engine_options(
         server_env=parse_assignments(server_env or [], "--server-env"),
         log_dir=log_dir,
         hang_timeout_s=hang_timeout,
+        reuse_servers=reuse_servers,
     )
 
 
@@ -243,6 +245,18 @@ _REAL_SERVER = (
             ),
         ],
         None,
+    ),
+    _param(
+        "reuse_servers",
+        Annotated[
+            bool,
+            _option(
+                "--reuse-servers/--no-reuse-servers",
+                _engine_help("reuse_servers"),
+                ENGINE_PANEL,
+            ),
+        ],
+        True,
     ),
 )
 

@@ -78,6 +78,10 @@ class TrialEngine(Protocol):
     starts_servers: bool
     """Each run starts a server (a real engine): minutes a trial, a log each; screening and
     ``tune verify`` are for such an engine."""
+    live_knobs: tuple[str, ...]
+    """The knobs its servers take while running: trials that change only these keep the
+    last trial's server (a real engine's, :mod:`prefill_tuner.engines.real.live`); ``()``:
+    none (the simulator starts no server)."""
 
     @property
     def profile(self) -> StepModel | None:

@@ -54,6 +54,9 @@ class EngineOptions:
     (the server hung).
 
     ``None``: ``defaults.HANG_TIMEOUT_S``."""
+    reuse_servers: bool = True
+    """Keep a trial's vLLM server for the next trials that change only knobs vLLM reads every
+    step (a live scheduler takes them); off: a new server for every trial."""
 
 
 def serving(options: EngineOptions, model: str) -> EngineOptions:
@@ -109,5 +112,6 @@ def build_engine(options: EngineOptions, fixed: Mapping[str, Any] | None = None)
             env=dict(options.server_env),
             log_dir=options.log_dir or defaults.LOG_DIR,
             hang_timeout_s=options.hang_timeout_s or defaults.HANG_TIMEOUT_S,
+            reuse_servers=options.reuse_servers,
         )
     raise TunerError(f"`engine`: expected {' or '.join(ENGINES)}, got {options.engine!r}")

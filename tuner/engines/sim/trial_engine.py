@@ -64,6 +64,7 @@ class SimEngine:
     deterministic = True
     """The same trace and settings always give the same run."""
     starts_servers = False
+    live_knobs: tuple[str, ...] = ()
 
     def __init__(self, profile: StepModel) -> None:
         self.profile = profile
