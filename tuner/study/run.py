@@ -22,7 +22,7 @@ from prefill_tuner.storage.batched import BatchedStorage
 from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.first_trials import rule_trials
-from prefill_tuner.study.grouping import group_by_server
+from prefill_tuner.study.grouping import Callback, group_by_server
 from prefill_tuner.study.plan import StudyPlan
 from prefill_tuner.study.runners import LIVE, recover_orphans, running
 from prefill_tuner.study.trial import StudyProgress, TrialObjective, TrialResult, plain
@@ -276,7 +276,7 @@ def run_study(
             if until_feasible and _met(trial):
                 study.stop()
 
-        callbacks = [stop_once_met]
+        callbacks: list[Callback] = [stop_once_met]
         siblings = group_by_server(plan.space, engine, plan.trials)
         if siblings is not None:
             callbacks.append(siblings)
