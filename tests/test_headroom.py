@@ -16,12 +16,14 @@ import pytest
 from prefill_tuner.engines.sim import load_profile
 from prefill_tuner.engines.sim.trial_engine import SimEngine
 from prefill_tuner.objectives.slo import parse_slos
+from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.storage.store import TunerStore, _json_safe
 from prefill_tuner.study.evaluation import verdict_of
 from prefill_tuner.study.headroom import (
     Candidate,
     Check,
     HeadroomReport,
+    Neighbour,
     choose,
     neighbours,
 )
@@ -51,22 +53,65 @@ def candidate(number: int, *, neighbours_meet: bool = True, load: float = 2.0) -
 
 def test_neighbours_move_each_unfixed_knob_a_step_and_are_repaired() -> None:
     settings = {"max_num_batched_tokens": 1000, "max_num_seqs": 100, "enable_chunked_prefill": True}
-    moves = dict(neighbours(settings, {}, 32768))
+    moves = moved_to(neighbours(settings, {}, 32768))
     assert moves["max_num_batched_tokens ×0.8"]["max_num_batched_tokens"] == 800
     assert moves["max_num_batched_tokens ×1.25"]["max_num_batched_tokens"] == 1250
     assert moves["max_num_seqs ×0.8"]["max_num_seqs"] == 80
     assert moves["max_num_seqs ×1.25"]["max_num_seqs"] == 125
     assert {k for m in moves.values() for k in m} == set(settings)
     # A fixed knob stays; a move that the rules undo is left out (seqs can't pass the budget).
-    fixed = dict(neighbours(settings, {"max_num_seqs": 100}, 32768))
+    fixed = moved_to(neighbours(settings, {"max_num_seqs": 100}, 32768))
     assert set(fixed) == {"max_num_batched_tokens ×0.8", "max_num_batched_tokens ×1.25"}
     tight = {"max_num_batched_tokens": 100, "max_num_seqs": 100}
-    moved = dict(neighbours(tight, {}, 32768))
+    moved = moved_to(neighbours(tight, {}, 32768))
     assert "max_num_seqs ×1.25" not in moved  # repaired back to 100: the setting itself
     assert moved["max_num_batched_tokens ×0.8"] == {
         "max_num_batched_tokens": 80,
         "max_num_seqs": 80,
     }
+
+
+def moved_to(found: list[Neighbour]) -> dict[str, dict]:
+    return {n.what: n.settings for n in found if n.settings is not None}
+
+
+def test_every_searched_knob_the_pick_uses_is_moved_and_a_refused_move_says_why() -> None:
+    """Issue 46: a pick with chunked prefill off and a 128-token threshold depended on the
+    threshold (64 broke the TPOT SLO) where no check looked, and its budget's ×0.8 cannot run
+    (vLLM wants the budget ≥ max_model_len without chunking): both now show."""
+    searched = [
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "enable_chunked_prefill",
+        "long_prefill_token_threshold",
+        "scheduler_reserve_full_isl",
+        "watermark",
+    ]
+    pick = {
+        "max_num_batched_tokens": 32768,
+        "max_num_seqs": 64,
+        "enable_chunked_prefill": False,
+        "long_prefill_token_threshold": 128,
+        "scheduler_reserve_full_isl": True,
+        "watermark": 0.0,
+    }
+    found = neighbours(pick, {}, 32768, searched)
+    moves = moved_to(found)
+    assert moves["long_prefill_token_threshold ×0.5"]["long_prefill_token_threshold"] == 64
+    assert moves["long_prefill_token_threshold ×2"]["long_prefill_token_threshold"] == 256
+    assert "max_num_batched_tokens ×1.25" in moves
+    refused = {n.what: n.why for n in found if n.settings is None}
+    assert list(refused) == ["max_num_batched_tokens ×0.8"]
+    assert "must be at least max_model_len (32768)" in refused["max_num_batched_tokens ×0.8"]
+    # Off, a threshold or share is not used: not moved; booleans are not moved either.
+    assert not any(n.what.startswith(("watermark", "enable_", "scheduler_")) for n in found)
+    on = moved_to(neighbours({**pick, "watermark": 0.01}, {}, 32768, ["watermark"]))
+    assert [m["watermark"] for m in on.values()] == [0.005, 0.02]
+    # A small count still moves a whole unit each way.
+    cadence = moved_to(
+        neighbours({"prefill_schedule_interval": 2}, {}, 32768, ["prefill_schedule_interval"])
+    )
+    assert [m["prefill_schedule_interval"] for m in cadence.values()] == [1, 3]
 
 
 def test_the_first_safe_candidate_wins_over_the_rules_pick_on_an_edge() -> None:
@@ -88,6 +133,26 @@ def test_a_required_margin_is_a_constraint() -> None:
     report = HeadroomReport("sim", 3.0, 1, 1, [modest, strong], finished=5)
     assert not report.margin_met
     assert any("NO candidate carries it" in line for line in report.lines())
+    # Issue 46: it says the best margin any checked setting carries, and what would carry it.
+    short = next(line for line in report.lines() if line.startswith("no setting checked"))
+    assert "carries 3× this trace's rate" in short
+    assert "the most any carries is 2× (trial 2)" in short and "tune plan" in short
+
+
+def test_with_no_margin_asked_it_says_when_no_checked_setting_is_safe() -> None:
+    """No margin required: when no checked setting carries 1.25× the load, the statement says
+    so (and the most any carries), instead of only that no candidate is safer."""
+    tight = HeadroomReport("sim", None, 1, 1, [candidate(1, load=1.0)], finished=5)
+    lines = tight.lines()
+    assert any(
+        "no setting checked carries 1.25× this trace's rate" in line
+        and "none carries more load than this trace's" in line
+        for line in lines
+    ), lines
+    edge = HeadroomReport(
+        "sim", None, 1, 1, [candidate(1, neighbours_meet=False, load=1.5)], finished=5
+    )
+    assert any("no candidate within 20% of it is safer" in line for line in edge.lines())
 
 
 def test_the_report_states_the_trade_and_survives_storage() -> None:
@@ -131,8 +196,13 @@ def test_a_run_states_headroom_that_reruns_confirm(tune, tmp_path: Path) -> None
     assert any("headroom (trial" in line for line in headroom["statement"])
     chosen = next(c for c in headroom["candidates"] if c["trial"] == headroom["recommended"])
     recommended = doc["recommended"]["settings"]
-    expected = neighbours(recommended, {"max_model_len": 32768}, 32768)
-    assert [n["what"] for n in chosen["neighbours"]] == [what for what, _ in expected]
+    searched = [
+        name for name, knob in KNOBS.items() if knob.searched_by_default and not knob.v0_only
+    ]
+    expected = neighbours(recommended, {"max_model_len": 32768}, 32768, searched)
+    assert [n["what"] for n in chosen["neighbours"]] == [
+        n.what for n in expected if n.settings is not None
+    ]
     assert len(expected) >= 3  # only a move the rules undo is left out
     trace = load_trace(
         str(MOONCAKE),

@@ -120,6 +120,9 @@ class HeadroomCandidateDocument(_Document):
     )
     neighbours_meet: bool = Field(description="Whether every neighbour met the SLOs.")
     neighbours: list[HeadroomCheckDocument]
+    refused: dict[str, str] = Field(
+        description="Neighbours that could not run, with why (vLLM would refuse them)."
+    )
     loads: list[HeadroomCheckDocument]
 
 
@@ -160,6 +163,7 @@ def headroom_document(report: HeadroomReport) -> HeadroomDocument:
                 load_missed=c.load_missed,
                 neighbours_meet=c.neighbours_meet,
                 neighbours=[check(n) for n in c.neighbours],
+                refused=c.refused,
                 loads=[check(n) for n in c.loads],
             )
             for c in report.candidates

@@ -9,8 +9,11 @@ real server its stand-in, the simulator with the study's profile), a few runs pe
 - **candidates**: the Pareto-optimal settings in the recommendation rule's order
   (:mod:`prefill_tuner.study.recommend`) whose worst ratio is within :data:`BAND` of the rule's
   pick (every Pareto setting when a load margin is required), at most :data:`MAX_CANDIDATES`;
-- **neighbours**: ``max_num_batched_tokens`` and ``max_num_seqs`` (each one the user did not fix)
-  times 0.8 and 1.25, repaired by vLLM's rules (:mod:`prefill_tuner.search_spaces.rules`);
+- **neighbours**: each searched knob the setting uses (not fixed by the user; a threshold or
+  share only when on, no boolean) one step each way: counts (the token budget, the sequence
+  slots, the newer vLLM limits) ×0.8 and ×1.25, a threshold or share ×0.5 and ×2, repaired by
+  vLLM's rules (:mod:`prefill_tuner.search_spaces.rules`); a step vLLM would refuse (with
+  chunked prefill off, a budget below ``max_model_len``) is named with vLLM's reason;
 - **load**: the trace's request rate times 1.25, 1.5 and 2 (and the required margin), up to the
   first that misses an SLO.
 
@@ -32,7 +35,8 @@ from typing import Any
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.objectives.scoring import ERRORS
 from prefill_tuner.objectives.slo import format_seconds
-from prefill_tuner.search_spaces.rules import effective_settings
+from prefill_tuner.search_spaces.knobs import KNOBS
+from prefill_tuner.search_spaces.rules import effective_settings, first_broken
 from prefill_tuner.storage.models import TrialRecord
 from prefill_tuner.study.evaluation import verdict_of
 from prefill_tuner.study.plan import StudyPlan
@@ -42,9 +46,14 @@ from prefill_tuner.trace.model import Trace
 from prefill_tuner.trace.shaping import scale_rate
 
 NEIGHBOUR_KNOBS = ("max_num_batched_tokens", "max_num_seqs")
-"""The knobs moved one step each way: the two a deployment most often changes by hand."""
+"""The knobs moved when the searched ones are not known (a stored check of an earlier
+version): the two a deployment most often changes by hand."""
 STEPS = (0.8, 1.25)
-"""One step down and up."""
+"""One step down and up of a count (at least one unit)."""
+CAP_STEPS = (0.5, 2.0)
+"""One step down and up of a threshold or share (searched as powers of two)."""
+MAX_SHARE = 0.5
+"""A share moved up stays at most this (vLLM takes less than 1)."""
 LOADS = (1.25, 1.5, 2.0)
 """Request-rate multipliers tried, in order, until one misses an SLO."""
 SAFE_LOAD = 1.25
@@ -59,9 +68,9 @@ server starts, minutes each), or nowhere."""
 
 HEADROOM_RULE = (
     "of the Pareto settings within 20% of the rule's pick, the first in the rule's order that "
-    "meets the SLOs at its neighbours (max_num_batched_tokens and max_num_seqs ×0.8 and ×1.25) "
-    "and at 1.25× the load (and carries the required load margin); else the first that meets "
-    "them at its neighbours"
+    "meets the SLOs at its neighbours (each searched knob it uses one step each way: counts "
+    "×0.8 and ×1.25, a threshold ×0.5 and ×2) and at 1.25× the load (and carries the required "
+    "load margin); else the first that meets them at its neighbours"
 )
 """How headroom changes the pick, as every output that names it states it."""
 
@@ -100,6 +109,9 @@ class Candidate:
     """Its worst ratio by the recommendation rule (1 = at the bar)."""
     objectives: dict[str, float] = field(default_factory=dict)
     """What it measured on the trace itself."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Neighbours that could not run, and why (vLLM would refuse them): ``{"max_num_batched_
+    tokens ×0.8": "vLLM refuses it: with chunked prefill off, ..."}``."""
 
     @property
     def neighbours_meet(self) -> bool:
@@ -131,11 +143,13 @@ class Candidate:
 
     def neighbour_words(self) -> str:
         missed = [check.what for check in self.neighbours if not check.meets]
+        refused = "".join(f"; {what} could not run ({why})" for what, why in self.refused.items())
         if not self.neighbours:
-            return "no neighbour to check (both knobs fixed)"
+            return "no neighbour to check (every knob it uses fixed)" + refused
         if not missed:
-            return "every neighbour (" + ", ".join(c.what for c in self.neighbours) + ") meets them"
-        return "misses them at " + ", ".join(missed)
+            every = ", ".join(c.what for c in self.neighbours)
+            return f"every neighbour ({every}) meets them" + refused
+        return "misses them at " + ", ".join(missed) + refused
 
 
 @dataclass(frozen=True)
@@ -180,6 +194,8 @@ class HeadroomReport:
         if self.margin is not None:
             met = "carries it" if self.margin_met else "NO candidate carries it"
             lines.append(f"required load margin {self.margin:g}×: {met}")
+            if not self.margin_met:
+                lines.append(self.short_of(self.margin))
         if self.recommended != self.rule_pick:
             pick = self.candidate(self.rule_pick)
             assert pick is not None
@@ -190,11 +206,29 @@ class HeadroomReport:
                 f"{pick.neighbour_words()}"
             )
         elif not chosen.safe(self.margin):
-            lines.append(
-                "no candidate within 20% of it is safer: it sits near an SLO's edge (see the "
-                "checks)"
-            )
+            if not any(c.carries(SAFE_LOAD) for c in self.candidates):
+                lines.append(self.short_of(SAFE_LOAD))
+            else:
+                lines.append(
+                    "no candidate within 20% of it is safer: it sits near an SLO's edge (see "
+                    "the checks)"
+                )
         return lines
+
+    def short_of(self, margin: float) -> str:
+        """What to do when no checked setting carries ``margin`` × the load: the most any
+        carries, and what would carry it."""
+        best = max(self.candidates, key=lambda c: c.load)
+        most = (
+            f"the most any carries is {best.load:g}× (trial {best.trial_number})"
+            if best.load > 1
+            else "none carries more load than this trace's"
+        )
+        return (
+            f"no setting checked carries {margin:g}× this trace's rate ({len(self.candidates)} "
+            f"of the best checked): {most}; to carry it, spread the load over more replicas "
+            "(tune plan finds how many, and their settings) or loosen the SLO that breaks"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -212,6 +246,7 @@ class HeadroomReport:
                 [check(stored) for stored in c["loads"]],
                 math.nan if c.get("score") is None else float(c["score"]),
                 {k: v for k, v in (c.get("objectives") or {}).items() if v is not None},
+                dict(c.get("refused") or {}),
             )
             for c in data["candidates"]
         ]
@@ -226,22 +261,67 @@ def _measured(candidate: Candidate) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Neighbour:
+    """A setting one step from a candidate in one knob, or why that step cannot run."""
+
+    what: str
+    """``long_prefill_token_threshold ×0.5``."""
+    settings: dict[str, Any] | None
+    """``None``: vLLM would refuse it (:attr:`why`)."""
+    why: str = ""
+
+
+def _steps(knob: str, value: Any) -> list[tuple[float, Any]]:
+    """The one-step moves of a knob's value (see the module): none for a boolean, an unset
+    limit, or a threshold or share that is off (the pick does not use it)."""
+    kind = KNOBS[knob].kind if knob in KNOBS else "int"
+    if isinstance(value, bool) or value is None or kind == "bool":
+        return []
+    if kind in ("threshold", "share"):
+        if not value:
+            return []
+        if kind == "share":
+            return [(step, min(value * step, MAX_SHARE)) for step in CAP_STEPS]
+        return [(step, max(1, round(value * step))) for step in CAP_STEPS]
+    if not isinstance(value, int):
+        return []
+    return [
+        (STEPS[0], max(1, min(value - 1, round(value * STEPS[0])))),
+        (
+            STEPS[1],
+            max(value + 1, round(value * STEPS[1])),
+        ),
+    ]
+
+
 def neighbours(
-    settings: dict[str, Any], fixed: dict[str, Any], max_model_len: int
-) -> list[tuple[str, dict[str, Any]]]:
-    """``settings`` with each unfixed :data:`NEIGHBOUR_KNOBS` moved by each of :data:`STEPS`,
-    repaired; a move the repair undoes (or that changes nothing) is left out."""
-    result: list[tuple[str, dict[str, Any]]] = []
-    for knob in NEIGHBOUR_KNOBS:
-        value = settings.get(knob)
-        if knob in fixed or not isinstance(value, int) or isinstance(value, bool):
+    settings: dict[str, Any],
+    fixed: dict[str, Any],
+    max_model_len: int,
+    searched: Sequence[str] = NEIGHBOUR_KNOBS,
+) -> list[Neighbour]:
+    """``settings`` with each searched knob it uses (``searched``, less ``fixed``) moved one
+    step each way (counts ×0.8 and ×1.25, a threshold or share ×0.5 and ×2), each repaired by
+    vLLM's rules; a move vLLM would refuse whichever way it is repaired (the repair undoes it)
+    is kept with vLLM's reason, a move that changes nothing is left out."""
+    result: list[Neighbour] = []
+    seen: list[dict[str, Any]] = []
+    for knob in searched:
+        if knob in fixed:
             continue
-        for step in STEPS:
-            moved, _ = effective_settings(
-                {**settings, knob: max(1, round(value * step))}, fixed, max_model_len
-            )
-            if moved != settings and all(moved != other for _, other in result):
-                result.append((f"{knob} ×{step:g}", moved))
+        for step, value in _steps(knob, settings.get(knob)):
+            raw = {**settings, knob: value}
+            moved, _ = effective_settings(raw, fixed, max_model_len)
+            what = f"{knob} ×{step:g}"
+            if moved == settings:
+                why = first_broken({**raw, **fixed, "max_model_len": max_model_len})
+                if why is not None:
+                    result.append(Neighbour(what, None, f"vLLM refuses it: {why}"))
+                continue
+            if moved not in seen:
+                seen.append(moved)
+                result.append(Neighbour(what, moved))
     return result
 
 
@@ -330,17 +410,20 @@ def check_headroom(
     checked: list[Candidate] = []
     for trial in chosen:
         say(f"checking trial {trial.trial_number}'s neighbours and load headroom...")
-        near = [
-            checker.check(what, moved, 1.0)
-            for what, moved in neighbours(trial.settings, dict(plan.space.fixed), max_model_len)
-        ]
+        moves = neighbours(
+            trial.settings, dict(plan.space.fixed), max_model_len, list(plan.space.ranges)
+        )
+        near = [checker.check(n.what, n.settings, 1.0) for n in moves if n.settings is not None]
+        refused = {n.what: n.why for n in moves if n.settings is None}
         tried: list[Check] = []
         for rate in loads:
             tried.append(checker.check(f"load ×{rate:g}", trial.settings, rate))
             if not tried[-1].meets:
                 break
         checked.append(
-            Candidate(trial.trial_number, near, tried, key(trial)[0], dict(trial.objectives))
+            Candidate(
+                trial.trial_number, near, tried, key(trial)[0], dict(trial.objectives), refused
+            )
         )
         if checked[-1].safe(plan.headroom):
             break
