@@ -13,7 +13,10 @@ simulated with and without the new knobs: ``prefill_schedule_interval`` (0.33's 
 cadence) at 2, 4 and 8, and ``max_num_active_seqs`` at 16 and 64 (vLLM 0.32). Each setting is
 scored by its worst SLO ratio (measured / limit; ≤ 1 meets every SLO), the tuner's objective,
 and the best of each space is printed with its p99 TTFT, p99 TPOT and p99 ITL, and the best with
-each new knob's value fixed.
+each new knob's value fixed. Then the KV watermark (0.01, 0.04 of the pool) and, with an error
+budget of 5% (a request turned away fails; more than 5% turned away misses the SLOs), vLLM
+0.32's ``max_num_queued_tokens`` (16k and 32k prompt tokens awaiting their first token): what
+shedding load buys, and what it costs in requests turned away.
 
 ``--smoke``: a 2-minute trace and a 3 × 2 grid (the suite runs that, so the script does not
 rot).
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 from collections.abc import Iterable
 
@@ -37,18 +41,24 @@ INTERVALS = (2, 4, 8)
 RATE = 10.0
 """Arrivals a second: a 16k-token document every 2 s among the streams, on average."""
 ACTIVE = (16, 64)
+WATERMARKS = (0.01, 0.04)
+QUEUED_TOKENS = (16384, 32768)
+ERROR_BUDGET = 0.05
 
 
-def score(settings: dict[str, object], trace, profile) -> tuple[float, float, float, float]:  # type: ignore[no-untyped-def]
+def score(settings: dict[str, object], trace, profile) -> tuple[float, ...]:  # type: ignore[no-untyped-def]
+    """Worst SLO ratio (infinite past the error budget), p99 TTFT, TPOT, ITL, share failed."""
     config = SimConfig(**{**profile.engine_defaults, **settings})
     metrics = simulate(trace, config, profile).metrics
     ttft, tpot, itl = metrics.ttft_s["p99"], metrics.tpot_s["p99"], metrics.itl_s["p99"]
-    return max(ttft / SLO_TTFT_S, tpot / SLO_TPOT_S), ttft, tpot, itl
+    failed = metrics.failed / metrics.requests
+    ratio = max(ttft / SLO_TTFT_S, tpot / SLO_TPOT_S) if failed <= ERROR_BUDGET else math.inf
+    return ratio, ttft, tpot, itl, failed
 
 
 def best(
-    grid: Iterable[dict[str, object]], scores: dict[str, tuple[float, float, float, float]]
-) -> tuple[dict[str, object], tuple[float, float, float, float], int]:
+    grid: Iterable[dict[str, object]], scores: dict[str, tuple[float, ...]]
+) -> tuple[dict[str, object], tuple[float, ...], int]:
     """The setting of ``grid`` with the least worst SLO ratio (``scores``: by setting)."""
     scored = [(scores[repr(settings)], settings) for settings in grid]
     ((ratio, *rest), settings) = min(scored, key=lambda item: item[0][0])
@@ -80,6 +90,11 @@ def main() -> int:
         "+ prefill_schedule_interval (0.33)": [*old, *itertools.chain(*with_cadence.values())],
         **{f"only max_num_active_seqs {a}": grid for a, grid in with_active.items()},
         **{f"only prefill_schedule_interval {n}": grid for n, grid in with_cadence.items()},
+        "+ watermark": [*old, *({**s, "watermark": w} for s in old for w in WATERMARKS)],
+        "+ max_num_queued_tokens (0.32), 5% error budget": [
+            *old,
+            *({**s, "max_num_queued_tokens": q} for s in old for q in QUEUED_TOKENS),
+        ],
     }
     everything = {repr(settings): settings for grid in spaces.values() for settings in grid}
     scores = {key: score(settings, trace, profile) for key, settings in everything.items()}
@@ -87,14 +102,17 @@ def main() -> int:
         f"{len(trace.requests)} requests over {duration:.0f} s; SLOs p99_ttft="
         f"{SLO_TTFT_S:g}s, p99_tpot={SLO_TPOT_S * 1000:g}ms\n"
     )
-    print("| space | settings | best | worst SLO ratio | p99 TTFT | p99 TPOT | p99 ITL |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| space | settings | best | worst SLO ratio | p99 TTFT | p99 TPOT | p99 ITL "
+        "| turned away |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name, grid in spaces.items():
-        settings, (ratio, ttft, tpot, itl), count = best(grid, scores)
+        settings, (ratio, ttft, tpot, itl, failed), count = best(grid, scores)
         shown = ", ".join(f"{k} {v}" for k, v in settings.items() if k != "max_model_len")
         print(
             f"| {name} | {count} | {shown} | {ratio:.3f} | {ttft:.2f} s | "
-            f"{tpot * 1000:.1f} ms | {itl * 1000:.1f} ms |"
+            f"{tpot * 1000:.1f} ms | {itl * 1000:.1f} ms | {failed:.1%} |"
         )
     return 0
 

