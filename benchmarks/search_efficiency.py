@@ -47,6 +47,7 @@ from unittest import mock
 import optuna
 from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
+import prefill_tuner.study.first_trials
 import prefill_tuner.study.run
 from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.sim import load_profile
@@ -90,7 +91,22 @@ SETTINGS: dict[str, tuple[Path, ShapeOptions, dict[str, list[str]]]] = {
             "tight TTFT": ["p99_tpot=20ms", "p99_ttft=250ms"],
         },
     ),
+    "azure-busy": (
+        TRACES / "azure_conv_2023_head.csv",
+        ShapeOptions(duration_s=1200, rate_scale=2.5, max_model_len=MAX_MODEL_LEN),
+        {
+            "narrow TPOT": ["p99_tpot=20ms", "p99_ttft=750ms"],
+            "narrow TPOT, loose TTFT": ["p99_tpot=20ms", "p99_ttft=2s"],
+        },
+    ),
+    "burstgpt": (
+        TRACES / "burstgpt1_head400.csv",
+        ShapeOptions(max_model_len=MAX_MODEL_LEN),
+        {"tight TPOT": ["p99_tpot=15ms", "p99_ttft=1s"]},
+    ),
 }
+"""``azure-busy``'s best settings are a narrow band of budgets (issue 46), best judged by the
+worst SLO ratio against the dense grid (``--quality ratio``)."""
 
 
 class CachedEngine(SimEngine):
@@ -152,6 +168,47 @@ def quality_curve(runs: list[EngineRun], slos: tuple[Slo, ...]) -> list[float]:
             )
         curve.append(hypervolume(points))
     return curve
+
+
+def ratio_curve(runs: list[EngineRun], slos: tuple[Slo, ...]) -> list[float]:
+    """The best worst SLO ratio (measured over limit, the worse of the SLOs; infinite for a
+    run that failed or lost requests) after each run: what the recommendation rule ranks."""
+    best, curve = math.inf, []
+    for run in runs:
+        if run.metrics is not None and not run.failure:
+            verdict = judge(run.metrics, slos)
+            if verdict.constraints.get("errors", 0) <= 0:
+                worst = max(1 + verdict.constraints[slo.name] for slo in slos)
+                best = min(best, worst)
+        curve.append(best)
+    return curve
+
+
+def dense_grid() -> list[dict[str, Any]]:
+    """A dense grid where narrow optima live (issue 46): the token budget 256 × 2^(k/5) up to
+    16,384 (31 values: 256, 294, 338, 388, 446, 512, ...), max_num_seqs 32, 64, 128, 256 and
+    1,024, chunked prefill with the threshold off, 128 or 512 tokens, and chunked prefill off
+    (its budget raised to max_model_len by vLLM's rule) with the threshold off, 64, 128 or
+    256; reserve-full-ISL on (vLLM's default), after the validity repair."""
+    budgets = sorted({round(256 * 2 ** (k / 5)) for k in range(31)})
+    unique: dict[tuple[Any, ...], dict[str, Any]] = {}
+    shapes = [(True, t) for t in (0, 128, 512)] + [(False, t) for t in (0, 64, 128, 256)]
+    for budget, seqs, (chunked, threshold) in itertools.product(
+        budgets, (32, 64, 128, 256, 1024), shapes
+    ):
+        settings, _ = effective_settings(
+            {
+                "max_num_batched_tokens": budget,
+                "max_num_seqs": seqs,
+                "enable_chunked_prefill": chunked,
+                "long_prefill_token_threshold": threshold,
+                "scheduler_reserve_full_isl": True,
+            },
+            {"max_model_len": MAX_MODEL_LEN},
+            MAX_MODEL_LEN,
+        )
+        unique.setdefault(tuple(sorted(settings.items())), settings)
+    return list(unique.values())
 
 
 def grid_settings() -> list[dict[str, Any]]:
@@ -341,11 +398,16 @@ class Method:
     """Another parametrisation of the default space."""
     rule_trials: bool = True
     """Run the rule-derived first trials after the defaults (``tune run``'s default)."""
+    budget_sweep: bool = True
+    """With them, the budget axis between the small and the roomy budget (rule 4, issue 46)."""
     description: str = ""
 
 
 METHODS: dict[str, Method] = {
     "tuner": Method(description="tune run's default: TPE, rule-derived first trials"),
+    "tuner-nosweep": Method(
+        budget_sweep=False, description="rule trials without the budget sweep (before issue 46)"
+    ),
     "tpe": Method(rule_trials=False, description="the default until issue 17: TPE alone"),
     "random": Method("random", rule_trials=False, description="Optuna's random sampler"),
     "gp": Method(factory=gp_sampler, rule_trials=False, description="Optuna's GPSampler"),
@@ -373,7 +435,10 @@ def method_in_place(method: Method, clock: list[float]) -> Iterator[None]:
             return timed(method.factory(seed, startup_trials), clock)
         return timed(make_sampler(kind, seed, startup_trials), clock)
 
-    with mock.patch.object(prefill_tuner.study.run, "make_sampler", make):
+    with (
+        mock.patch.object(prefill_tuner.study.run, "make_sampler", make),
+        mock.patch.object(prefill_tuner.study.first_trials, "BUDGET_SWEEP", method.budget_sweep),
+    ):
         yield
 
 
@@ -424,6 +489,11 @@ def reached(curve: list[float], target: float) -> int | None:
     return next((index + 1 for index, value in enumerate(curve) if value >= target), None)
 
 
+def reached_ratio(curve: list[float], target: float) -> int | None:
+    """Trials until the best worst ratio is at or below ``target``."""
+    return next((index + 1 for index, value in enumerate(curve) if value <= target), None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
@@ -442,8 +512,17 @@ def main() -> None:
         default=8,
         help="Random trials before TPE models (the tuner's default: 8).",
     )
+    parser.add_argument(
+        "--quality",
+        choices=("hypervolume", "ratio"),
+        default="hypervolume",
+        help="hypervolume of the feasible points against the power-of-two grid, or the best "
+        "worst SLO ratio against the dense grid (issue 46: target within 2%%)",
+    )
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
+    ratio = args.quality == "ratio"
+    measure = ratio_curve if ratio else quality_curve
     if args.smoke:
         args.seeds, args.budget, args.only = 1, 10, args.only or "azure / tight TPOT"
     methods = {name: METHODS[name] for name in args.methods.split(",")}
@@ -463,14 +542,14 @@ def main() -> None:
         trace = load_trace(str(path), options=shaping)
         engine = CachedEngine(profile, cache_file=args.cache)
         started = time.perf_counter()
-        grid = grid_settings()
+        grid = dense_grid() if ratio else grid_settings()
         grid_runs = [engine.run(trace, settings) for settings in grid]
         grid_seconds = time.perf_counter() - started
         engine.save()
         defaults = engine.default_settings()
         for slo_name, slo_texts in slo_sets.items():
             slos = parse_slos(slo_texts)
-            optimum = quality_curve(grid_runs, slos)[-1]
+            optimum = measure(grid_runs, slos)[-1]
             curves: dict[str, list[list[float]]] = {name: [] for name in methods}
             seconds: dict[str, list[float]] = {name: [] for name in methods}
             REPEATS.clear()
@@ -479,12 +558,12 @@ def main() -> None:
                     runs, per_trial = study_runs(
                         engine, trace, shaping, slos, method, seed, args.budget, args.tpe_startup
                     )
-                    curves[name].append(quality_curve(runs, slos))
+                    curves[name].append(measure(runs, slos))
                     seconds[name].append(per_trial)
             grid_curve = []
             for budget in range(1, args.budget + 1):
                 runs = [engine.run(trace, s) for s in auto_tune_grid(budget, defaults)]
-                grid_curve.append(quality_curve(runs, slos)[-1])
+                grid_curve.append(measure(runs, slos)[-1])
             curves["auto_tune grid"] = [grid_curve]
             key = f"{trace_name} / {slo_name} ({', '.join(slo_texts)})"
             summary: dict[str, Any] = {
@@ -498,12 +577,20 @@ def main() -> None:
                 f"{len(grid)} configs ({grid_seconds:.0f} s)"
             )
             print(
-                f"  {'method':<16}{'trials to 98%':>15}  "
+                f"  {'method':<16}{'to ≤1.02×' if ratio else 'trials to 98%':>15}  "
                 + "".join(f"{f'@{n}':>8}" for n in CHECKPOINTS if n <= args.budget)
                 + f"{'s/trial':>9}{'repeats':>9}"
             )
+            if ratio:
+                best = grid[min(range(len(grid)), key=lambda i: measure([grid_runs[i]], slos)[0])]
+                print(f"  the grid's best: {json.dumps(best)}")
             for method, method_curves in curves.items():
-                hits = [reached(curve, 0.98 * optimum) for curve in method_curves]
+                hits = [
+                    reached_ratio(curve, 1.02 * optimum)
+                    if ratio
+                    else reached(curve, 0.98 * optimum)
+                    for curve in method_curves
+                ]
                 found = [h for h in hits if h is not None]
                 needed = (
                     f"{statistics.median(found):g} ({len(found)}/{len(hits)})"
@@ -521,7 +608,7 @@ def main() -> None:
                 repeats = REPEATS.get(methods[method], 0) if method in methods else None
                 print(
                     f"  {method:<16}{needed:>15}  "
-                    + "".join(f"{v:>8.1%}" for v in at.values())
+                    + "".join((f"{v:>8.3f}" if ratio else f"{v:>8.1%}") for v in at.values())
                     + (f"{per_trial:>9.3f}" if per_trial is not None else "")
                     + (f"{repeats:>9}" if repeats is not None else "")
                 )
@@ -539,7 +626,9 @@ def main() -> None:
                     behind = [
                         n
                         for n in range(10, args.budget + 1)
-                        if result["median_curve"][n - 1] < random_curve[n - 1] - 1e-12
+                        if (result["median_curve"][n - 1] - random_curve[n - 1])
+                        * (-1 if ratio else 1)
+                        < -1e-12
                     ]
                     result["behind_random_at"] = behind
                     if method != "random":

@@ -155,7 +155,7 @@ def test_the_first_claim_queues_the_rule_trials_after_the_baseline(tune, tmp_pat
     assert isinstance(claim, Claimed) and claim.trial.user_attrs["baseline"]
     waiting = shared.study.get_trials(states=(TrialState.WAITING,))
     assert waiting and all(t.user_attrs.get("rule") for t in waiting)
-    assert len(waiting) <= 3
+    assert len(waiting) <= 6 - 1  # never more than the study's trials after the baseline
 
 
 def test_a_run_joining_workers_keeps_the_study_budget(tune, tmp_path: Path) -> None:

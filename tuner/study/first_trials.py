@@ -10,7 +10,11 @@ limit's seconds per token. Then
 2. the same budget with each prompt's share of a step capped
    (``long_prefill_token_threshold``: the largest power of two ≤ budget − batch), so the
    decodes keep their room when several prompts arrive together;
-3. a budget with room for prefills (the smallest power of two ≥ batch + 2,048): low TTFT.
+3. a budget with room for prefills (the smallest power of two ≥ batch + 2,048): low TTFT;
+4. the budget axis between the first and the third, a power of two apart (issue 46): where the
+   SLOs are met only in a narrow band of budgets (a tight TPOT SLO on a busy trace: 446 to
+   1,024 tokens on the Azure conversation slice at 2.5× its rate), the sampler starts from a
+   trial in or beside the band instead of settling on a far corner of the space.
 
 All three run chunked prefill and let up to 4 × the batch run at once, and never fewer than the
 trace's bursts bring in flight (:func:`burst_batch`: the most requests decoding at once when
@@ -42,6 +46,8 @@ PREFILL_ROOM = 2048
 """Tokens above the decode batch in the prefill budget (rule 3)."""
 RUNNING_FACTOR = 4
 """Requests allowed to run at once, as a multiple of the decode batch."""
+BUDGET_SWEEP = True
+"""Rule 4 on (``benchmarks/search_efficiency.py`` turns it off to measure what it buys)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,11 @@ def rule_trials(plan: StudyPlan, defaults: dict[str, Any], max_model_len: int) -
             settings(_pow2_at_least(batch + PREFILL_ROOM, ranges[TOKENS])),
         ),
     ]
+    roomy = _pow2_at_least(batch + PREFILL_ROOM, ranges[TOKENS])
+    budget = small * 2
+    while BUDGET_SWEEP and budget < roomy:
+        candidates.append(RuleTrial("the budget axis between them", settings(budget)))
+        budget *= 2
     if not all(name in candidate.settings for candidate in candidates for name in ranges):
         return []  # an engine without a default for some searched knob
     seen = [_effective(plan, defaults, max_model_len)]
