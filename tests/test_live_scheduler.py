@@ -49,6 +49,32 @@ def test_the_live_scheduler_sets_exactly_the_knobs_declared_to_need_no_restart()
     }
 
 
+def test_a_killed_runs_settings_folder_is_removed_by_the_next_one(tmp_path: Path) -> None:
+    """SIGKILL leaves no server (the kernel stops it) but the settings folder: the next run
+    removes those whose process is gone, and nobody else's."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from prefill_tuner.engines.real.live import FOLDER_PREFIX, LiveSettings
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    root = Path(tempfile.gettempdir())
+    orphan = root / f"{FOLDER_PREFIX}{gone.stdout.strip()}-test"
+    alive = root / f"{FOLDER_PREFIX}1-test"  # pid 1 always runs
+    for folder in (orphan, alive):
+        folder.mkdir(exist_ok=True)
+    live = LiveSettings()
+    try:
+        assert not orphan.exists() and alive.exists()
+        assert (live.folder / "prefill_tuner_live.py").is_file()
+    finally:
+        live.close()
+        alive.rmdir()
+    assert not live.folder.exists()
+
+
 @pytest.mark.real_engine
 def test_a_server_is_kept_while_only_per_step_knobs_change(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

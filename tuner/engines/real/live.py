@@ -74,7 +74,8 @@ class LiveSettings:
     a private temporary folder removed by :meth:`close`."""
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="tune-live-"))
+        _remove_orphans()
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         source = resources.files("prefill_tuner.engines.real") / "live_scheduler.py"
         (self.folder / f"{MODULE}.py").write_text(source.read_text(encoding="utf-8"))
         self.path = self.folder / "settings.json"
@@ -208,6 +209,24 @@ class ServerKeeper:
             if self._settings is not None:
                 self._settings.close()
                 self._settings = None
+
+
+FOLDER_PREFIX = "tune-live-"
+"""``tune-live-PID-XXXX`` in the temporary directory: a process killed with SIGKILL cannot
+remove its own, so the next one removes those whose process is gone."""
+
+
+def _remove_orphans() -> None:
+    for folder in Path(tempfile.gettempdir()).glob(FOLDER_PREFIX + "*-*"):
+        pid = folder.name.removeprefix(FOLDER_PREFIX).partition("-")[0]
+        if not pid.isdigit() or not folder.is_dir() or folder.is_symlink():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)  # its process is gone
+        except OSError:
+            continue  # alive (another user's, say): not ours to touch
 
 
 def _read_ack(path: Path) -> dict[str, Any] | None:
