@@ -87,6 +87,7 @@ def test_a_server_is_kept_while_only_per_step_knobs_change(tmp_path: Path, monke
         server_args=[*SERVER_ARGS.split(), *KV_BYTES.split()],
         env={"HF_HUB_OFFLINE": "1"},
         log_dir=tmp_path / "logs",
+        reuse_servers=True,
     )
     with contextlib.closing(engine):
         base = {**engine.default_settings(), "max_model_len": 2048}

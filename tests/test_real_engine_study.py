@@ -316,6 +316,7 @@ def test_secrets_files_and_failures_of_real_trials(tune, workspace: Path) -> Non
         "--seed",
         "1",
         "--no-rule-trials",  # the sampler's own settings: with seed 1, one vLLM rejects
+        "--no-reuse-servers",  # the fault plan is per server start: a server per trial
     )
     outputs = []
     code, out, err = vllm_run(tune, workspace, 3, *options)

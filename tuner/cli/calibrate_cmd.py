@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -142,22 +143,23 @@ def calibrate_command(
         fixed = _fixed_settings(set_values)
         base = kernels_to_refit(hardware, model, fixed.get("max_model_len"))  # before vLLM
         trial_engine = build_engine(dataclasses.replace(engine, model=model))
-        fixed = trial_engine.validate_fixed(fixed)  # vLLM's parser, before a server starts
-        settings = designed_settings(
-            trial_engine.default_settings(),
-            fixed,
-            design.max_num_seqs,
-            design.max_num_batched_tokens,
-        )
-        calibration = calibrate_server(
-            trial_engine,
-            settings,
-            model=model,
-            base=base,
-            name=name,
-            spacing=design.spacing,
-            on_start=say,
-        )
+        with contextlib.closing(trial_engine):  # its kept server and helper stop here
+            fixed = trial_engine.validate_fixed(fixed)  # vLLM's parser, before a server starts
+            settings = designed_settings(
+                trial_engine.default_settings(),
+                fixed,
+                design.max_num_seqs,
+                design.max_num_batched_tokens,
+            )
+            calibration = calibrate_server(
+                trial_engine,
+                settings,
+                model=model,
+                base=base,
+                name=name,
+                spacing=design.spacing,
+                on_start=say,
+            )
     with atomic_text(output) as stream:
         if isinstance(calibration.profile, FittedProfile):
             yaml.safe_dump(

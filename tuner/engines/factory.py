@@ -54,9 +54,10 @@ class EngineOptions:
     (the server hung).
 
     ``None``: ``defaults.HANG_TIMEOUT_S``."""
-    reuse_servers: bool = True
+    reuse_servers: bool = False
     """Keep a trial's vLLM server for the next trials that change only knobs vLLM reads every
-    step (a live scheduler takes them); off: a new server for every trial."""
+    step (a live scheduler takes them); off (the default for now): a new server for every
+    trial."""
 
 
 def serving(options: EngineOptions, model: str) -> EngineOptions:

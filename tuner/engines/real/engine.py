@@ -96,7 +96,7 @@ class VllmEngine:
         log_dir: Path = defaults.LOG_DIR,
         startup_timeout_s: float = 600.0,
         hang_timeout_s: float = defaults.HANG_TIMEOUT_S,
-        reuse_servers: bool = True,
+        reuse_servers: bool = False,
     ) -> None:
         self.model = model
         self.reuse_servers = reuse_servers
@@ -328,7 +328,7 @@ class VllmEngine:
                 self.version,
                 failure=str(exc),
                 details={"log": str(server_log), "overhead_s": overhead},
-                log_path=str(server_log),
+                log_path=str(log_path),
                 overhead_s=overhead,
             )
         finally:
@@ -388,7 +388,7 @@ class VllmEngine:
             failure=watched.guard.failure,
             details=details,
             cut_short=cut_short,
-            log_path=str(server_log),
+            log_path=str(log_path),
             startup_s=startup_s,
             records=result.records,
             overhead_s=overhead,
