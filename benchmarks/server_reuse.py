@@ -26,17 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from early_abort import SERVER_ARGS  # the same tiny CPU server (this folder is on sys.path)
+
 from prefill_tuner.engines.real.cpu_recipe import write_tiny_model
 from prefill_tuner.storage.store import TunerStore
 
 ROOT = Path(__file__).resolve().parent.parent
 TUNE = str(ROOT / ".venv" / "bin" / "tune")
-SERVER_ARGS = [
-    "--server-arg", "--load-format dummy --skip-tokenizer-init --enforce-eager --dtype float32",
-    "--server-arg", f"--kv-cache-memory-bytes {256 * 2**20}",
-    "--server-env", "HF_HUB_OFFLINE=1",
-    "--set", "max_model_len=2048",
-]  # fmt: skip
 
 
 def study(work: Path, args: argparse.Namespace, reuse: bool) -> dict[str, float]:
