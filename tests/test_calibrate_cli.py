@@ -22,6 +22,10 @@ class FakeServer:
     def __init__(self) -> None:
         self.validated: dict[str, Any] = {}
         self.runs: list[tuple[Any, dict[str, Any]]] = []
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def validate_fixed(self, fixed: dict[str, Any]) -> dict[str, Any]:
         self.validated = fixed
@@ -48,6 +52,7 @@ def test_calibrate_takes_set_like_tune_run(tune, tmp_path: Path, monkeypatch) ->
     )  # fmt: skip
     assert code == 2 and "the calibration run failed: stop" in err, err
     assert server.validated == {"max_model_len": 2048}
+    assert server.closed  # a failed calibration still stops what its engine keeps
     [(trace, settings)] = server.runs
     assert settings["max_model_len"] == 2048
     assert max(r.prompt_tokens + r.output_tokens for r in trace.requests) <= 2048
