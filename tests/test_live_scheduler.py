@@ -101,6 +101,9 @@ def test_a_server_is_kept_while_only_per_step_knobs_change(tmp_path: Path, monke
         assert run.failure is None and run.metrics is not None, run.failure
         assert run.metrics.completed == len(trace.requests)
         assert not run.details["config_mismatches"], run.details["config_mismatches"]
+        # Its part of the log holds all its steps, a kept server's too (read while it runs).
+        steps = run.details["server_steps"]
+        assert steps["decode_tokens"] + len(trace.requests) == 16 * len(trace.requests), steps
     servers = [run.details["server"] for run in (first, kept, again, fresh)]
     assert [server["reused"] for server in servers] == [False, True, True, False]
     assert kept.startup_s == 0.0 < first.startup_s  # type: ignore[operator]

@@ -256,7 +256,7 @@ _REAL_SERVER = (
                 ENGINE_PANEL,
             ),
         ],
-        False,
+        True,
     ),
 )
 

@@ -54,10 +54,10 @@ class EngineOptions:
     (the server hung).
 
     ``None``: ``defaults.HANG_TIMEOUT_S``."""
-    reuse_servers: bool = False
+    reuse_servers: bool = True
     """Keep a trial's vLLM server for the next trials that change only knobs vLLM reads every
-    step (a live scheduler takes them); off (the default for now): a new server for every
-    trial."""
+    step (a live scheduler takes them); off: a new server for every trial (as with the
+    user's own ``--scheduler-cls``)."""
 
 
 def serving(options: EngineOptions, model: str) -> EngineOptions:

@@ -96,7 +96,7 @@ class VllmEngine:
         log_dir: Path = defaults.LOG_DIR,
         startup_timeout_s: float = 600.0,
         hang_timeout_s: float = defaults.HANG_TIMEOUT_S,
-        reuse_servers: bool = False,
+        reuse_servers: bool = True,
     ) -> None:
         self.model = model
         self.reuse_servers = reuse_servers
@@ -336,10 +336,15 @@ class VllmEngine:
             if not keep:
                 self.keeper.stop()
             overhead["teardown"] = time.perf_counter() - stopping
-        if not keep:
-            server.log_settled()
         result = watched.result
-        steps = parse_iteration_log(server_log, log_offset)
+        if keep and ITERATION_FLAG in args:  # still logging: read up to the replay's end
+            replayed = (result.started_unix_s, result.started_unix_s + result.wall_s)
+            steps = self.keeper.settled_steps(
+                log_offset, replayed, model=self.model, api_key=self.api_key
+            )
+        else:
+            server.log_settled()
+            steps = parse_iteration_log(server_log, log_offset)
         steps_path = log_path.with_suffix(".steps.jsonl")
         with atomic_text(steps_path) as stream:
             stream.writelines(json.dumps(step) + "\n" for step in steps)

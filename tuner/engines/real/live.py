@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from prefill_tuner.engines.real.launcher import VllmServer
+from prefill_tuner.engines.real.signals import parse_iteration_log
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.knobs import KNOBS
 from prefill_tuner.search_spaces.settings import EngineSettings
@@ -40,6 +41,9 @@ ACK_SUFFIX = ".ack"
 ACK_TIMEOUT_S = 60.0
 """How long the scheduler may take to acknowledge new settings (one short request on an idle
 server: well under a second, minutes only on a starved machine)."""
+MARKER_PROMPT = [1, 2, 3, 4]
+"""The one-token request that makes the scheduler look at new settings, and marks the end of
+a trial's steps in a kept server's log."""
 
 LIVE_KNOBS = tuple(name for name, knob in KNOBS.items() if not knob.restart)
 """The knobs a running server takes (``restart=False``), in declaration order."""
@@ -106,10 +110,7 @@ class LiveSettings:
         ack = Path(str(self.path) + ACK_SUFFIX)
         deadline = time.monotonic() + timeout_s
         with httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s) as client:
-            response = client.post(
-                "/v1/completions",
-                json={"model": model, "prompt": [1, 2, 3, 4], "max_tokens": 1},
-            )
+            response = _one_token(client, model)
             if response.status_code != 200:
                 raise LiveSettingsError(
                     f"the server refused the request that applies a trial's settings: "
@@ -196,6 +197,40 @@ class ServerKeeper:
             self._kept.server.base_url, values, model=model, headers=headers
         )
 
+    def settled_steps(
+        self, offset: int, replay_unix_s: tuple[float, float], *, model: str, api_key: str | None
+    ) -> list[dict[str, Any]]:
+        """The kept server's steps logged from byte ``offset`` within ``replay_unix_s`` (a
+        replay's start and end), once all of them are in its log.
+
+        The server logs a step before its tokens go out, but its log is copied by a thread of
+        this process, which a busy replay can leave seconds behind (a CI run parsed half a
+        trial's steps): a one-token request after the replay logs a step of its own, and once
+        that step is in the log, every step before it is too (a step line is written before
+        its request's answer). At most :data:`ACK_TIMEOUT_S`; then the steps logged so far.
+        Only for a server that logs its steps (``--enable-logging-iteration-details``)."""
+        if self._kept is None:
+            return []
+        started_unix_s, ended_unix_s = replay_unix_s
+        path = self._kept.log_path
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        base_url = self._kept.server.base_url
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        try:
+            with httpx.Client(base_url=base_url, headers=headers, timeout=ACK_TIMEOUT_S) as c:
+                marked = _one_token(c, model).status_code == 200
+        except httpx.HTTPError:
+            marked = False  # the trial's steps as logged so far; the next trial starts anew
+        while True:
+            steps = parse_iteration_log(path, offset)
+            # Untimed lines (the user's own logging config) cannot be told apart: taken as is.
+            timed = all(step["logged_at_s"] is not None for step in steps[-1:])
+            mine = [s for s in steps if not timed or s["logged_at_s"] <= ended_unix_s]
+            if len(mine) < len(steps) or not timed or not marked or time.monotonic() > deadline:
+                # Nor the last settings' one-token request (it may reach the log late too).
+                return [s for s in mine if not timed or s["logged_at_s"] >= started_unix_s]
+            time.sleep(0.02)
+
     def stop(self) -> None:
         """Stop the kept server, if any."""
         kept, self._kept = self._kept, None
@@ -227,6 +262,12 @@ def _remove_orphans() -> None:
             shutil.rmtree(folder, ignore_errors=True)  # its process is gone
         except OSError:
             continue  # alive (another user's, say): not ours to touch
+
+
+def _one_token(client: httpx.Client, model: str) -> httpx.Response:
+    return client.post(
+        "/v1/completions", json={"model": model, "prompt": MARKER_PROMPT, "max_tokens": 1}
+    )
 
 
 def _read_ack(path: Path) -> dict[str, Any] | None:
