@@ -198,3 +198,20 @@ def test_a_symbolic_link_to_the_database_is_the_same_run_lock(tune, tmp_path: Pa
         # another process: a process's own locks never block it
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
         assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_workers_trials_are_grouped_by_server_never_past_the_target(tune, tmp_path: Path) -> None:
+    """As in ``tune run`` (``tests/test_grouping.py``): a worker whose engine takes per-step
+    knobs while running queues a sampled trial's siblings, never past the study's target."""
+    from prefill_tuner.study.grouping import SIBLING_ATTR
+
+    shared = open_worker(tune, tmp_path, trials=8)
+    shared.engine.live_knobs = ("long_prefill_token_threshold", "scheduler_reserve_full_isl")  # type: ignore[misc]
+    summary = run_worker(shared, 1)
+    trials = shared.study.get_trials(deepcopy=False)
+    assert summary.complete == 8 and [t.state for t in trials] == [TrialState.COMPLETE] * 8
+    siblings = [t for t in trials if SIBLING_ATTR in t.user_attrs]
+    assert siblings, "no trial was grouped"
+    for trial in siblings:
+        first = trials[trial.user_attrs[SIBLING_ATTR]]
+        assert trial.params["max_num_batched_tokens"] == first.params["max_num_batched_tokens"]

@@ -3,7 +3,8 @@ running (:attr:`~prefill_tuner.engines.base.TrialEngine.live_knobs`), a trial th
 proposes with new start-up settings is followed by :data:`GROUP` − 1 trials with the same
 start-up settings, their per-step knobs left to the sampler: they run on the server the first
 one started, so a study starts a server for about one trial in :data:`GROUP` instead of every
-trial. The simulator starts no server, and its studies are never grouped."""
+trial. The simulator starts no server, and its studies are never grouped. A shared study's
+workers group theirs too: a sibling another worker claims first starts a server there."""
 
 from __future__ import annotations
 
@@ -42,7 +43,12 @@ def group_by_server(space: SearchSpace, engine: TrialEngine, trials: int) -> Cal
     def queue_siblings(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if SIBLING_ATTR in trial.user_attrs or trial.state != optuna.trial.TrialState.COMPLETE:
             return
-        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING)
+        # Other workers' running trials count too (``tune worker``: never past ``trials``).
+        states = (
+            optuna.trial.TrialState.COMPLETE,
+            optuna.trial.TrialState.WAITING,
+            optuna.trial.TrialState.RUNNING,
+        )
         counted = study.get_trials(deepcopy=False, states=states)
         if any(t.state == optuna.trial.TrialState.WAITING for t in counted):
             return
