@@ -48,6 +48,7 @@ import optuna
 from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
 import prefill_tuner.study.first_trials
+import prefill_tuner.study.local_search
 import prefill_tuner.study.run
 from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.sim import load_profile
@@ -400,13 +401,20 @@ class Method:
     """Run the rule-derived first trials after the defaults (``tune run``'s default)."""
     budget_sweep: bool = True
     """With them, the budget axis between the small and the roomy budget (rule 4, issue 46)."""
+    refine: bool = True
+    """With them, the budget refined around the best trial once they ran (issue 46)."""
     description: str = ""
 
 
 METHODS: dict[str, Method] = {
     "tuner": Method(description="tune run's default: TPE, rule-derived first trials"),
     "tuner-nosweep": Method(
-        budget_sweep=False, description="rule trials without the budget sweep (before issue 46)"
+        budget_sweep=False,
+        refine=False,
+        description="rule trials without the budget sweep (before issue 46)",
+    ),
+    "tuner-norefine": Method(
+        refine=False, description="rule trials and the sweep, the budget not refined after"
     ),
     "tpe": Method(rule_trials=False, description="the default until issue 17: TPE alone"),
     "random": Method("random", rule_trials=False, description="Optuna's random sampler"),
@@ -438,6 +446,7 @@ def method_in_place(method: Method, clock: list[float]) -> Iterator[None]:
     with (
         mock.patch.object(prefill_tuner.study.run, "make_sampler", make),
         mock.patch.object(prefill_tuner.study.first_trials, "BUDGET_SWEEP", method.budget_sweep),
+        mock.patch.object(prefill_tuner.study.local_search, "REFINE", method.refine),
     ):
         yield
 

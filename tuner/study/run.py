@@ -23,6 +23,7 @@ from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.study.first_trials import rule_trials
 from prefill_tuner.study.grouping import Callback, group_by_server
+from prefill_tuner.study.local_search import refine_budget
 from prefill_tuner.study.plan import StudyPlan
 from prefill_tuner.study.runners import LIVE, recover_orphans, running
 from prefill_tuner.study.trial import StudyProgress, TrialObjective, TrialResult, plain
@@ -276,10 +277,7 @@ def run_study(
             if until_feasible and _met(trial):
                 study.stop()
 
-        callbacks: list[Callback] = [stop_once_met]
-        siblings = group_by_server(plan.space, engine, plan.trials)
-        if siblings is not None:
-            callbacks.append(siblings)
+        callbacks = [stop_once_met, *trial_callbacks(plan, engine)]
         study.optimize(
             objective,
             n_trials=remaining,
@@ -288,6 +286,15 @@ def run_study(
             callbacks=callbacks,
         )
     return study
+
+
+def trial_callbacks(plan: StudyPlan, engine: TrialEngine) -> list[Callback]:
+    """What queues trials as the study goes (``tune run`` and ``tune worker`` alike): the
+    budget refinement rounds (:mod:`~prefill_tuner.study.local_search`), then a sampled trial's
+    siblings on its server (:mod:`~prefill_tuner.study.grouping`), which wait while a round is
+    queued."""
+    found = (refine_budget(plan), group_by_server(plan.space, engine, plan.trials))
+    return [callback for callback in found if callback is not None]
 
 
 def _met(trial: optuna.trial.FrozenTrial) -> bool:

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
-from prefill_tuner.study.grouping import group_by_server
-from prefill_tuner.study.run import StudyProgress, TrialObjective, TrialResult
+from prefill_tuner.study.run import StudyProgress, TrialObjective, TrialResult, trial_callbacks
 from prefill_tuner.study.screening import load_screening, predictor, refine
 from prefill_tuner.worker.claim import Claimed, Done, Wait, claim_trial, give_up
 from prefill_tuner.worker.heartbeat import Heartbeat
@@ -104,7 +103,6 @@ def _run_trial(
     if told.state != TrialState.COMPLETE:
         events.lost(trial.number)
         return False
-    siblings = group_by_server(shared.plan.space, shared.engine, shared.plan.trials)
-    if siblings is not None:
-        siblings(study, told)  # its server, kept by this worker, runs them if it claims them
+    for callback in trial_callbacks(shared.plan, shared.engine):
+        callback(study, told)  # siblings run on this worker's kept server if it claims them
     return True
