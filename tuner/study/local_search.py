@@ -61,14 +61,14 @@ def refine_budget(plan: StudyPlan) -> Callback | None:
         done = {t.user_attrs[REFINE_ATTR][1] for t in trials if REFINE_ATTR in t.user_attrs}
         steps = [step for step in STEPS_OCTAVES if step not in done]
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
-        scored = [(worst_ratio(t), t.number, t) for t in complete if "settings" in t.user_attrs]
+        scored = [(worst_ratio(t), t.number, t) for t in complete]
         scored = [entry for entry in scored if math.isfinite(entry[0])]
         if not steps or not scored:
             return
         best = min(scored, key=lambda entry: entry[:2])[2]
         counted = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.RUNNING)]
         room = plan.trials - len(counted)
-        settings = dict(best.user_attrs["settings"])
+        settings = plan.space.settings_from_params(best.params)  # every searched knob's
         budget = int(settings[TOKENS])
         seen = [t.params for t in trials]
         for step in steps:  # a round whose budgets were all run already: the next one
