@@ -46,6 +46,8 @@ PREFILL_ROOM = 2048
 """Tokens above the decode batch in the prefill budget (rule 3)."""
 RUNNING_FACTOR = 4
 """Requests allowed to run at once, as a multiple of the decode batch."""
+RULE_ATTR = "rule"
+"""User attribute of a rule-derived trial: its rule, in words."""
 BUDGET_SWEEP = True
 """Rule 4 on (``benchmarks/search_efficiency.py`` turns it off to measure what it buys)."""
 

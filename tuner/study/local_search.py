@@ -16,6 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from prefill_tuner.objectives.scoring import ERRORS
+from prefill_tuner.study.first_trials import RULE_ATTR
 from prefill_tuner.study.grouping import Callback
 from prefill_tuner.study.plan import StudyPlan
 
@@ -26,7 +27,6 @@ STEPS_OCTAVES = (0.5, 0.25)
 far either side."""
 REFINE_ATTR = "refines"
 """User attribute of a refinement trial: ``[the trial it refines, the step in octaves]``."""
-RULE_ATTR = "rule"
 TOKENS, SEQS = "max_num_batched_tokens", "max_num_seqs"
 
 

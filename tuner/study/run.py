@@ -21,7 +21,7 @@ from prefill_tuner.errors import TunerError
 from prefill_tuner.storage.batched import BatchedStorage
 from prefill_tuner.storage.models import StudyRecord
 from prefill_tuner.storage.store import TunerStore
-from prefill_tuner.study.first_trials import rule_trials
+from prefill_tuner.study.first_trials import RULE_ATTR, rule_trials
 from prefill_tuner.study.grouping import Callback, group_by_server
 from prefill_tuner.study.local_search import refine_budget
 from prefill_tuner.study.plan import StudyPlan
@@ -220,7 +220,9 @@ def enqueue_rule_trials(study: optuna.Study, plan: StudyPlan, engine: TrialEngin
     defaults = engine.default_settings()
     rules = rule_trials(plan, defaults, engine.max_model_len(dict(plan.space.fixed)))
     for trial in rules[: max(plan.trials - 1, 0)]:  # no more than the study will run
-        study.enqueue_trial(plan.space.params_for(trial.settings), user_attrs={"rule": trial.rule})
+        study.enqueue_trial(
+            plan.space.params_for(trial.settings), user_attrs={RULE_ATTR: trial.rule}
+        )
 
 
 def prepare_run(
