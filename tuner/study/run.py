@@ -275,17 +275,21 @@ def run_study(
             return study
         objective = TrialObjective(plan, engine, store, record, progress, finished, standalone=True)
 
-        def stop_once_met(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-            if until_feasible and _met(trial):
-                study.stop()
+        queueing = trial_callbacks(plan, engine)
 
-        callbacks = [stop_once_met, *trial_callbacks(plan, engine)]
+        def after_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+            if until_feasible and _met(trial):
+                study.stop()  # and nothing queued that this run would leave waiting
+                return
+            for callback in queueing:
+                callback(study, trial)
+
         study.optimize(
             objective,
             n_trials=remaining,
             timeout=plan.timeout_s,
             catch=(),
-            callbacks=callbacks,
+            callbacks=[after_trial],
         )
     return study
 
