@@ -1,7 +1,7 @@
 """How close is the simulator to real vLLM runs on GPUs (issue 42)?
 
     .venv/bin/python benchmarks/gpu_truth.py [--truth FILE] [--per-slot N] [--worst K] [--smoke]
-        [--path TERM=VALUE,...] [--vary-lengths FRACTION]
+        [--path TERM=VALUE,...] [--vary-lengths FRACTION] [--set FIELD=EXPRESSION,...]
 
 Each row of ``shared/gpu-truth/dense_qwen3-32b_h100.csv`` beside the checkout (NVIDIA
 AIConfigurator 0.12's accuracy sample: one vLLM server benchmarked by a closed-loop load
@@ -9,10 +9,10 @@ generator at ``batch_size`` requests in flight, every request ``isl`` prompt and
 tokens; mean TTFT and mean TPOT measured) is replayed on the simulator as ``tune simulate
 --max-concurrency BATCH`` would: a profile built from the shipped kernel tables for the row's
 model (its ``config.json`` in ``models/``), GPU, TP and dtype, the defaults of the row's vLLM
-release otherwise (the runs' vLLM 0.12 scheduled synchronously: asynchronous scheduling is
-vLLM's default from 0.14.0, ``async_scheduling_default``), ``--per-slot`` requests per slot
-(10: the load generator's count is not recorded), all of them ready at the start, as a load
-generator sends them. Nothing is fitted to the rows.
+release otherwise (``release_defaults``: the runs' vLLM 0.12 scheduled synchronously, as vLLM
+did before 0.14.0; before 0.28.0 a B200 had an 8,192-token budget, not 16,384), ``--per-slot``
+requests per slot (10: the load generator's count is not recorded), all of them ready at the
+start, as a load generator sends them. Nothing is fitted to the rows.
 
 Prints each row's simulated and measured means, the error ``simulated / measured − 1``, how
 many requests the simulation prefilled together per prefill step (a lockstep wave of the
@@ -26,12 +26,19 @@ what each moves; the shipped profiles have none (0 until calibrated on a server)
 ``--vary-lengths 0.2`` draws each request's prompt and output lengths uniformly within ±20% of
 the row's (seeded): waves of identical requests no longer finish together, which shows what
 the simulator gives where they are broken entirely.
+``--set`` replays every row with engine settings the runs may have had but did not record, each
+an integer expression in the row's ``isl``, ``osl`` and ``batch``:
+``--set max_num_batched_tokens=batch+isl+1500,max_num_seqs=batch`` is what NVIDIA
+AIConfigurator's generator writes for an aggregated vLLM deployment (its ``rule_plugin/
+vllm.rule``: ``max_num_tokens = max_batch_size + isl + 1500``): an experiment, to see how much
+the unrecorded settings decide.
 ``--smoke``: three rows, fewer requests (the suite runs that, so the script does not rot).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import math
 import sys
@@ -40,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prefill_tuner.engines.sim.config import async_scheduling_default, resolve_config
+from prefill_tuner.engines.sim.config import release_defaults, resolve_config
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.engines.sim.loop import simulate
 from prefill_tuner.engines.sim.profile_base import PATH_TERMS
@@ -117,6 +124,34 @@ def read_rows(path: Path) -> list[Row]:
         ]
 
 
+SETTING_NAMES = ("isl", "osl", "batch")
+"""What a ``--set`` expression may name: the row's prompt and output lengths, its concurrency."""
+
+
+def setting_expression(text: str) -> ast.Expression:
+    """``text`` parsed as an integer expression over :data:`SETTING_NAMES` (``+ - * //``,
+    integers, parentheses); a ``ValueError`` naming what else it holds."""
+    tree = ast.parse(text.strip(), mode="eval")
+    allowed = (ast.Expression, ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Load)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in SETTING_NAMES:
+            continue
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            continue
+        if not isinstance(node, allowed):
+            raise ValueError(f"{text!r}: only integers, {', '.join(SETTING_NAMES)}, + - * //")
+    return tree
+
+
+def row_settings(row: Row, expressions: dict[str, ast.Expression]) -> dict[str, int]:
+    """The ``--set`` settings for ``row``."""
+    names = {"isl": row.isl, "osl": row.osl, "batch": row.batch}
+    return {
+        field: int(eval(compile(tree, "--set", "eval"), {"__builtins__": {}}, names))
+        for field, tree in expressions.items()
+    }
+
+
 def replay(
     row: Row,
     models: Path,
@@ -124,9 +159,11 @@ def replay(
     path: dict[str, float] | None = None,
     vary: float = 0.0,
     kv_cache_dtype: str = "auto",
+    settings: dict[str, int] | None = None,
 ) -> Compared:
     """The row's workload on the simulator: its means, in milliseconds. ``path``: request-path
-    terms set on the profile, to see what they move."""
+    terms set on the profile, to see what they move; ``settings``: engine settings over the
+    release's defaults."""
     config_file = models / f"{row.model.replace('/', '--')}.json"
     spec = ProfileSpec(
         model_config=str(config_file),
@@ -139,7 +176,7 @@ def replay(
     profile = spec.step_model(row.model, math.ceil((row.isl + row.osl) * (1 + vary)))
     if path:
         profile = profile.model_copy(update=path)
-    config = resolve_config(profile, {"async_scheduling": async_scheduling_default(row.vllm)})
+    config = resolve_config(profile, {**release_defaults(profile, row.vllm), **(settings or {})})
     count = row.batch * per_slot
     rng = np.random.default_rng(0)
 
@@ -190,6 +227,11 @@ def main() -> int:
     )
     parser.add_argument("--vary-lengths", type=float, default=0.0, metavar="FRACTION")
     parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+    parser.add_argument(
+        "--set",
+        metavar="FIELD=EXPRESSION,...",
+        help="engine settings for every row, in its isl, osl and batch (an experiment)",
+    )
     args = parser.parse_args()
     if not 0 <= args.vary_lengths < 1:
         parser.error("--vary-lengths: a fraction from 0 to under 1")
@@ -209,9 +251,26 @@ def main() -> int:
         if unknown:
             parser.error(f"--path: {', '.join(sorted(unknown))}: not one of {PATH_TERMS}")
         path = {term: float(value) for term, value in terms.items()}
+    expressions: dict[str, ast.Expression] = {}
+    for part in (args.set or "").split(","):
+        if not part.strip():
+            continue
+        field, _, text = part.partition("=")
+        try:
+            expressions[field.strip()] = setting_expression(text)
+        except (SyntaxError, ValueError) as exc:
+            parser.error(f"--set {field.strip()}: {exc}")
     models = args.truth.parent / "models"
     compared = [
-        replay(row, models, args.per_slot, path, args.vary_lengths, args.kv_cache_dtype)
+        replay(
+            row,
+            models,
+            args.per_slot,
+            path,
+            args.vary_lengths,
+            args.kv_cache_dtype,
+            row_settings(row, expressions),
+        )
         for row in rows
     ]
     print(
@@ -232,6 +291,12 @@ def main() -> int:
         part = [c for c in compared if c.row.tp == tp]
         print(
             f"  tp{tp} ({len(part)} runs): TTFT {_stats([c.ttft_error for c in part])}; "
+            f"TPOT {_stats([c.tpot_error for c in part])}"
+        )
+    for dtype in sorted({c.row.dtype for c in compared}):
+        part = [c for c in compared if c.row.dtype == dtype]
+        print(
+            f"  {dtype} ({len(part)} runs): TTFT {_stats([c.ttft_error for c in part])}; "
             f"TPOT {_stats([c.tpot_error for c in part])}"
         )
     for isl in sorted({c.row.isl for c in compared}):

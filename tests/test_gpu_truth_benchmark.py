@@ -41,3 +41,37 @@ def test_the_benchmark_replays_the_moe_runs() -> None:
     assert "left out: 23 runs with data-parallel attention (not modelled)" in done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith("| tp")]
     assert len(rows) == 3 and all(" fp8 " in row for row in rows)
+
+
+def test_settings_the_runs_did_not_record_are_set_per_row() -> None:
+    """``--set`` replays every row with engine settings computed from its own lengths and
+    concurrency (here AIConfigurator's generated budget), and refuses anything but integer
+    arithmetic on those names, in one line."""
+    if not TRUTH.is_file():
+        pytest.skip(f"no shared GPU runs beside the checkout ({TRUTH})")
+    script = str(ROOT / "benchmarks" / "gpu_truth.py")
+    rule = "max_num_batched_tokens=batch+isl+1500,max_num_seqs=batch"
+    done = subprocess.run(
+        [sys.executable, script, "--smoke", "--set", rule], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len([line for line in done.stdout.splitlines() if line.startswith("| tp")]) == 3
+    # the budget decides how many 1,024-token prompts prefill together: with room for two and
+    # a chunk, the smoke rows' (c = 8) groups are smaller than with vLLM's default (8,192:
+    # all eight)
+    default = subprocess.run(
+        [sys.executable, script, "--smoke"], capture_output=True, text=True, timeout=120
+    )
+    together = [
+        [float(line.split("|")[6]) for line in run.stdout.splitlines() if line.startswith("| tp")]
+        for run in (done, default)
+    ]
+    assert all(capped < 3.0 < free for capped, free in zip(*together, strict=True))
+    for bad in ("max_num_seqs=__import__('os')", "max_num_seqs=batch/2", "max_num_seqs=1.5"):
+        refused = subprocess.run(
+            [sys.executable, script, "--smoke", "--set", bad], capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        assert refused.returncode == 2
+        assert "--set max_num_seqs: " in refused.stderr and "Traceback" not in refused.stderr

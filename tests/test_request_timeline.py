@@ -9,8 +9,9 @@ import pytest
 
 from prefill_tuner.diagnosis import simulated_view
 from prefill_tuner.engines.sim import SimConfig, StepRecord, load_profile, simulate
-from prefill_tuner.engines.sim.config import async_scheduling_default
+from prefill_tuner.engines.sim.config import async_scheduling_default, release_defaults
 from prefill_tuner.engines.sim.cost_model import profile_from_record
+from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.engines.sim.replicas import simulate_replicas
 from prefill_tuner.engines.sim.trial_engine import profile_words
 from prefill_tuner.engines.timeline import build_timeline
@@ -39,6 +40,30 @@ def test_vllm_schedules_asynchronously_by_default_from_0_14(
     """vLLM 0.12 and 0.13 defaulted ``async_scheduling`` to False; 0.14.0 made it None,
     resolved to on (read in the three wheels: docs/vllm-facts.md)."""
     assert async_scheduling_default(version) is asynchronous
+
+
+@pytest.mark.parametrize(
+    ("gpu", "version", "budget"),
+    [
+        ("b200_sxm", "0.17.0", 8192),
+        ("b200_sxm", "0.27.1", 8192),
+        ("b200_sxm", "0.28.0", None),
+        ("b200_sxm", "a build whose version cannot be read", None),
+        ("h100_sxm", "0.12.0", None),
+    ],
+)
+def test_large_gpus_had_the_70_gib_budget_before_0_28(
+    gpu: str, version: str, budget: int | None
+) -> None:
+    """Profiles hold the current release's defaults (a B200's 16,384-token budget); replaying
+    a run of an older release takes that release's: 8,192 on 160 GiB GPUs before vLLM 0.28.0,
+    which added their tier (read in the wheels: docs/vllm-facts.md), and its scheduling."""
+    profile = ProfileSpec(gpu=gpu).build()
+    current = profile.engine_defaults["max_num_batched_tokens"]
+    assert current == (16384 if gpu == "b200_sxm" else 8192)
+    settings = release_defaults(profile, version)
+    assert settings.get("max_num_batched_tokens") == budget
+    assert settings["async_scheduling"] is async_scheduling_default(version)
 
 
 # The request path: the way in (the API server's front end) and the way back (its streaming).
