@@ -31,7 +31,8 @@ an integer expression in the row's ``isl``, ``osl`` and ``batch``:
 ``--set max_num_batched_tokens=batch+isl+1500,max_num_seqs=batch`` is what NVIDIA
 AIConfigurator's generator writes for an aggregated vLLM deployment (its ``rule_plugin/
 vllm.rule``: ``max_num_tokens = max_batch_size + isl + 1500``): an experiment, to see how much
-the unrecorded settings decide.
+the unrecorded settings decide. ``--gpu-memory-utilization`` sizes the KV pool as a run's
+``--gpu-memory-utilization`` did (InferenceX's MiniMax-M2.5 runs give 0.95).
 ``--smoke``: three rows, fewer requests (the suite runs that, so the script does not rot).
 """
 
@@ -160,6 +161,7 @@ def replay(
     vary: float = 0.0,
     kv_cache_dtype: str = "auto",
     settings: dict[str, int] | None = None,
+    memory_share: float | None = None,
 ) -> Compared:
     """The row's workload on the simulator: its means, in milliseconds. ``path``: request-path
     terms set on the profile, to see what they move; ``settings``: engine settings over the
@@ -172,6 +174,7 @@ def replay(
         dtype=row.dtype,  # type: ignore[arg-type]
         expert_parallel=row.expert_parallel,
         kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
+        **({"gpu_memory_utilization": memory_share} if memory_share else {}),
     )
     profile = spec.step_model(row.model, math.ceil((row.isl + row.osl) * (1 + vary)))
     if path:
@@ -228,6 +231,12 @@ def main() -> int:
     parser.add_argument("--vary-lengths", type=float, default=0.0, metavar="FRACTION")
     parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
     parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        metavar="SHARE",
+        help="the share of GPU memory the runs gave vLLM (sizes the KV pool; default vLLM's)",
+    )
+    parser.add_argument(
         "--set",
         metavar="FIELD=EXPRESSION,...",
         help="engine settings for every row, in its isl, osl and batch (an experiment)",
@@ -270,6 +279,7 @@ def main() -> int:
             args.vary_lengths,
             args.kv_cache_dtype,
             row_settings(row, expressions),
+            args.gpu_memory_utilization,
         )
         for row in rows
     ]
