@@ -48,10 +48,12 @@ from pathlib import Path
 
 import numpy as np
 
+from prefill_tuner.engines.sim import SimConfig
 from prefill_tuner.engines.sim.config import release_defaults, resolve_config
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.engines.sim.loop import simulate
 from prefill_tuner.engines.sim.profile_base import PATH_TERMS
+from prefill_tuner.errors import TunerError
 from prefill_tuner.trace.model import Request, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,7 +176,7 @@ def replay(
         dtype=row.dtype,  # type: ignore[arg-type]
         expert_parallel=row.expert_parallel,
         kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
-        **({"gpu_memory_utilization": memory_share} if memory_share else {}),
+        **({} if memory_share is None else {"gpu_memory_utilization": memory_share}),
     )
     profile = spec.step_model(row.model, math.ceil((row.isl + row.osl) * (1 + vary)))
     if path:
@@ -265,24 +267,32 @@ def main() -> int:
         if not part.strip():
             continue
         field, _, text = part.partition("=")
+        field = field.strip()
+        if field not in SimConfig.model_fields:
+            parser.error(f"--set {field!r}: not an engine setting (one of SimConfig's fields)")
         try:
-            expressions[field.strip()] = setting_expression(text)
+            expressions[field] = setting_expression(text)
         except (SyntaxError, ValueError) as exc:
-            parser.error(f"--set {field.strip()}: {exc}")
+            parser.error(f"--set {field}: {exc}")
     models = args.truth.parent / "models"
-    compared = [
-        replay(
-            row,
-            models,
-            args.per_slot,
-            path,
-            args.vary_lengths,
-            args.kv_cache_dtype,
-            row_settings(row, expressions),
-            args.gpu_memory_utilization,
-        )
-        for row in rows
-    ]
+    compared = []
+    for row in rows:
+        try:
+            settings = row_settings(row, expressions)
+            compared.append(
+                replay(
+                    row,
+                    models,
+                    args.per_slot,
+                    path,
+                    args.vary_lengths,
+                    args.kv_cache_dtype,
+                    settings,
+                    args.gpu_memory_utilization,
+                )
+            )
+        except (TunerError, ArithmeticError) as exc:
+            parser.error(f"{row.label()}: {exc}")
     print(
         "| run | TTFT sim / real ms | error | TPOT sim / real ms | error | together "
         "| TTFT first wave / later ms |"
