@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ConfigDict, ValidationError, create_model, model_validator
 
 from prefill_tuner.engines.sim.cost_model import StepModel
+from prefill_tuner.engines.sim.kernels.profile import KernelProfile
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.knobs import release
 from prefill_tuner.search_spaces.rules import first_broken
@@ -63,29 +64,27 @@ def async_scheduling_default(vllm_version: str) -> bool:
 
 LARGE_GPU_TIER_SINCE = (0, 28, 0)
 """The first vLLM release whose ``vllm serve`` defaults have a tier for GPUs of 160 GiB or more
-(B200, B300): a 16,384-token budget. Before it those GPUs had the 70 GiB tier's 8,192 (read in
-the 0.12.0, 0.17.0, 0.19.0, 0.24.0-0.27.1 and 0.28.0 wheels' ``vllm/engine/arg_utils.py``)."""
+(B200, B300): a 16,384-token budget, which kernel profiles hold (``kernels/memory.py``,
+``batch_defaults``). Before it those GPUs had the 70 GiB tier's 8,192 (read in the 0.12.0,
+0.17.0, 0.19.0, 0.24.0-0.27.1 and 0.28.0 wheels' ``vllm/engine/arg_utils.py``)."""
 LARGE_GPU_BYTES = 160 * 2**30
 OLD_LARGE_GPU_BUDGET = 8192
 
 
 def release_defaults(profile: StepModel, vllm_version: str) -> dict[str, Any]:
     """The engine settings a vLLM release of ``vllm_version`` defaults to on ``profile``'s
-    hardware where they differ from the current release's, which profiles hold: synchronous
-    scheduling up to 0.13 (:func:`async_scheduling_default`), and before 0.28 an 8,192-token
-    budget on GPUs of 160 GiB or more (:data:`LARGE_GPU_TIER_SINCE`). The KV pool stays as the
+    hardware where they differ from the current release's, which profiles built from kernels
+    hold: synchronous scheduling up to 0.13 (:func:`async_scheduling_default`), and before 0.28
+    an 8,192-token budget on GPUs of 160 GiB or more (:data:`LARGE_GPU_TIER_SINCE`). A profile
+    fitted to a real server keeps the budget that server resolved. The KV pool stays as the
     profile sized it (a smaller budget's profiling run leaves it slightly larger)."""
     settings: dict[str, Any] = {"async_scheduling": async_scheduling_default(vllm_version)}
     running = release(vllm_version)
-    memory = getattr(profile, "memory", None)
-    budget = profile.engine_defaults.get("max_num_batched_tokens")
     if (
-        running is not None
+        isinstance(profile, KernelProfile)
+        and running is not None
         and running < LARGE_GPU_TIER_SINCE
-        and memory is not None
-        and memory.capacity_bytes >= LARGE_GPU_BYTES
-        and isinstance(budget, int)
-        and budget > OLD_LARGE_GPU_BUDGET
+        and profile.memory.capacity_bytes >= LARGE_GPU_BYTES
     ):
         settings["max_num_batched_tokens"] = OLD_LARGE_GPU_BUDGET
     return settings
