@@ -10,7 +10,8 @@ tokens; mean TTFT and mean TPOT measured) is replayed on the simulator as ``tune
 --max-concurrency BATCH`` would: a profile built from the shipped kernel tables for the row's
 model (its ``config.json`` in ``models/``), GPU, TP and dtype, the defaults of the row's vLLM
 release otherwise (``release_defaults``: the runs' vLLM 0.12 scheduled synchronously, as vLLM
-did before 0.14.0; before 0.28.0 a B200 had an 8,192-token budget, not 16,384), ``--per-slot``
+did before 0.14.0; before 0.28.0 a B200 had an 8,192-token budget, not 16,384; before 0.20 vLLM
+took 0.9 of the GPU's memory, not 0.92: ``release_memory_share``), ``--per-slot``
 requests per slot (10: the load generator's count is not recorded), all of them ready at the
 start, as a load generator sends them. Nothing is fitted to the rows.
 
@@ -49,7 +50,11 @@ from pathlib import Path
 import numpy as np
 
 from prefill_tuner.engines.sim import SimConfig
-from prefill_tuner.engines.sim.config import release_defaults, resolve_config
+from prefill_tuner.engines.sim.config import (
+    release_defaults,
+    release_memory_share,
+    resolve_config,
+)
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.engines.sim.loop import simulate
 from prefill_tuner.engines.sim.profile_base import PATH_TERMS
@@ -176,7 +181,9 @@ def replay(
         dtype=row.dtype,  # type: ignore[arg-type]
         expert_parallel=row.expert_parallel,
         kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
-        **({} if memory_share is None else {"gpu_memory_utilization": memory_share}),
+        gpu_memory_utilization=release_memory_share(row.vllm)
+        if memory_share is None
+        else memory_share,
     )
     profile = spec.step_model(row.model, math.ceil((row.isl + row.osl) * (1 + vary)))
     if path:
@@ -236,7 +243,7 @@ def main() -> int:
         "--gpu-memory-utilization",
         type=float,
         metavar="SHARE",
-        help="the share of GPU memory the runs gave vLLM (sizes the KV pool; default vLLM's)",
+        help="the share of GPU memory the runs gave vLLM (the KV pool; default: their release's)",
     )
     parser.add_argument(
         "--set",

@@ -9,7 +9,11 @@ import pytest
 
 from prefill_tuner.diagnosis import simulated_view
 from prefill_tuner.engines.sim import SimConfig, StepRecord, load_profile, simulate
-from prefill_tuner.engines.sim.config import async_scheduling_default, release_defaults
+from prefill_tuner.engines.sim.config import (
+    async_scheduling_default,
+    release_defaults,
+    release_memory_share,
+)
 from prefill_tuner.engines.sim.cost_model import profile_from_record
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.engines.sim.replicas import simulate_replicas
@@ -64,6 +68,16 @@ def test_large_gpus_had_the_70_gib_budget_before_0_28(
     settings = release_defaults(profile, version)
     assert settings.get("max_num_batched_tokens") == budget
     assert settings["async_scheduling"] is async_scheduling_default(version)
+
+
+@pytest.mark.parametrize(
+    ("version", "share"),
+    [("0.12.0", 0.9), ("0.19.0", 0.9), ("0.20.0", 0.92), ("0.33.0", 0.92), ("unreadable", 0.92)],
+)
+def test_vllm_took_less_of_the_gpu_before_0_20(version: str, share: float) -> None:
+    """``gpu_memory_utilization`` defaulted to 0.9 up to 0.19 and to 0.92 from 0.20.0 (read in
+    the wheels' ``vllm/config/cache.py``): a replay of an older run sizes its KV pool so."""
+    assert release_memory_share(version) == share
 
 
 # The request path: the way in (the API server's front end) and the way back (its streaming).

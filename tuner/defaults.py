@@ -65,5 +65,5 @@ def report_path(study: str) -> Path:
 
 
 GPU_MEMORY_UTILIZATION = 0.92
-"""vLLM's default ``gpu_memory_utilization`` (``CacheConfig``; 0.9 before vLLM 0.22): the
+"""vLLM's default ``gpu_memory_utilization`` (``CacheConfig``; 0.9 before vLLM 0.20): the
 share of GPU memory a simulated server's KV pool is sized from."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model, model_validator
 
+from prefill_tuner.defaults import GPU_MEMORY_UTILIZATION
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.kernels.profile import KernelProfile
 from prefill_tuner.errors import TunerError
@@ -88,6 +89,22 @@ def release_defaults(profile: StepModel, vllm_version: str) -> dict[str, Any]:
     ):
         settings["max_num_batched_tokens"] = OLD_LARGE_GPU_BUDGET
     return settings
+
+
+MEMORY_SHARE_SINCE = (0, 20, 0)
+"""The first vLLM release whose ``gpu_memory_utilization`` defaults to 0.92
+(:data:`~prefill_tuner.defaults.GPU_MEMORY_UTILIZATION`); before, 0.9 (read in the 0.12.0,
+0.19.0, 0.20.0, 0.21.0 and 0.22.0 wheels' ``vllm/config/cache.py``)."""
+OLD_MEMORY_SHARE = 0.9
+
+
+def release_memory_share(vllm_version: str) -> float:
+    """The share of GPU memory a vLLM release of ``vllm_version`` gives itself when not told
+    (it sizes the KV pool a profile built from kernels holds). A version that cannot be read
+    counts as a current one."""
+    running = release(vllm_version)
+    old = running is not None and running < MEMORY_SHARE_SINCE
+    return OLD_MEMORY_SHARE if old else GPU_MEMORY_UTILIZATION
 
 
 SIM_FIELDS = create_model(
