@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/gpu_truth.py [--truth FILE] [--per-slot N] [--worst K] [--smoke]
         [--path TERM=VALUE,...] [--vary-lengths FRACTION] [--set FIELD=EXPRESSION,...]
+        [--kv-cache-dtype auto|fp8] [--gpu-memory-utilization SHARE]
 
 Each row of ``shared/gpu-truth/dense_qwen3-32b_h100.csv`` beside the checkout (NVIDIA
 AIConfigurator 0.12's accuracy sample: one vLLM server benchmarked by a closed-loop load
