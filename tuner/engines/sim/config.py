@@ -13,6 +13,7 @@ from pydantic import ConfigDict, ValidationError, create_model, model_validator
 
 from prefill_tuner.defaults import GPU_MEMORY_UTILIZATION
 from prefill_tuner.engines.sim.cost_model import StepModel
+from prefill_tuner.engines.sim.kernels.memory import H100_TIER_DEFAULTS, LARGE_GPU_BYTES
 from prefill_tuner.engines.sim.kernels.profile import KernelProfile
 from prefill_tuner.errors import TunerError
 from prefill_tuner.search_spaces.knobs import release
@@ -68,8 +69,6 @@ LARGE_GPU_TIER_SINCE = (0, 28, 0)
 (B200, B300): a 16,384-token budget, which kernel profiles hold (``kernels/memory.py``,
 ``batch_defaults``). Before it those GPUs had the 70 GiB tier's 8,192 (read in the 0.12.0,
 0.17.0, 0.19.0, 0.24.0-0.27.1 and 0.28.0 wheels' ``vllm/engine/arg_utils.py``)."""
-LARGE_GPU_BYTES = 160 * 2**30
-OLD_LARGE_GPU_BUDGET = 8192
 
 
 def release_defaults(profile: StepModel, vllm_version: str) -> dict[str, Any]:
@@ -87,7 +86,7 @@ def release_defaults(profile: StepModel, vllm_version: str) -> dict[str, Any]:
         and running < LARGE_GPU_TIER_SINCE
         and profile.memory.capacity_bytes >= LARGE_GPU_BYTES
     ):
-        settings["max_num_batched_tokens"] = OLD_LARGE_GPU_BUDGET
+        settings["max_num_batched_tokens"] = H100_TIER_DEFAULTS[0]
     return settings
 
 

@@ -36,16 +36,24 @@ sampling, argmax): an estimate."""
 SAMPLER_LAUNCHES = 4
 
 
+LARGE_GPU_BYTES = 160 * GIB
+"""From this much memory a GPU (B200, B300) has ``vllm serve``'s largest batch defaults (since
+vLLM 0.28; before, the H100 tier's: ``config.release_defaults``)."""
+LARGE_GPU_DEFAULTS = (16384, 1024)
+H100_TIER_DEFAULTS = (8192, 1024)
+"""The budget and sequences of GPUs of 70 GiB or more (not an A100)."""
+
+
 def batch_defaults(tables: GpuTables) -> tuple[int, int]:
     """vLLM's ``max_num_batched_tokens`` and ``max_num_seqs`` for ``vllm serve`` by the GPU's
     memory (``EngineArgs.get_batch_defaults``): 16384 and 1024 at 160 GiB or more; 8192 and
     1024 at 70 GiB or more unless an A100; 2048 and 256 below."""
     memory = tables.system["mem_capacity"]
     names = " ".join([tables.gpu, *tables.system["device"]]).lower()
-    if memory >= 160 * GIB:
-        return 16384, 1024
+    if memory >= LARGE_GPU_BYTES:
+        return LARGE_GPU_DEFAULTS
     if memory >= 70 * GIB and "a100" not in names:
-        return 8192, 1024
+        return H100_TIER_DEFAULTS
     return 2048, 256
 
 
