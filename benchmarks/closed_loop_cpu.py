@@ -39,14 +39,18 @@ from typing import Any
 import numpy as np
 
 from prefill_tuner import defaults
-from prefill_tuner.calibration.observations import calibrate_on_server
+from prefill_tuner.calibration.calibrate import Observed, calibrate, sim_config_of
+from prefill_tuner.calibration.observations import as_sent, calibrate_on_server
 from prefill_tuner.engines.base import EngineRun
 from prefill_tuner.engines.real.cpu_recipe import CPU_SERVER_ARGS, write_tiny_model
 from prefill_tuner.engines.real.engine import VllmEngine
 from prefill_tuner.engines.sim import SimConfig, StepRecord, load_profile, simulate
 from prefill_tuner.engines.sim.config import resolve_config
-from prefill_tuner.engines.sim.cost_model import StepModel
+from prefill_tuner.engines.sim.cost_model import FittedProfile, StepModel
+from prefill_tuner.engines.sim.profile_base import PATH_TERMS, StepShape
 from prefill_tuner.engines.sim.trial_engine import SimEngine
+from prefill_tuner.engines.timeline import real_steps
+from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.objectives.metrics import RequestRecord, summarize_run
 from prefill_tuner.trace.model import Request, Trace
@@ -140,6 +144,79 @@ def _tpot(records: list[RequestRecord]) -> str:
     return " / ".join(f"{1000 * tpot[key]:.1f}" for key in ("mean", "p50", "p90"))
 
 
+def _parts(records: list[RequestRecord], steps: list[tuple[float, float]], wave: int) -> str:
+    """Where each request's TTFT went, medians in ms: from its send to the start of the step
+    that sampled its first token (the way in, and the wait for a step), that step, and from
+    its end to the client reading the token (the way back); and, past the first wave, from
+    the end of the response whose slot a request took to its send (the client's turnaround).
+    ``steps``: (start, end) on the replay's clock; a token's step is the last one ended
+    before the client read it (a step is logged before its outputs go out)."""
+    ends = np.array([end for _, end in steps])
+    starts = np.array([start for start, _ in steps])
+    way_in, step, way_back = [], [], []
+    for record in records:
+        if not record.token_times_s:
+            continue
+        read = float(record.token_times_s[0])
+        at = int(np.searchsorted(ends, read, side="right")) - 1
+        if at < 0:
+            continue
+        way_in.append(starts[at] - record.sent_s)
+        step.append(ends[at] - starts[at])
+        way_back.append(read - ends[at])
+    finished = sorted(float(r.token_times_s[-1]) for r in records if r.token_times_s)
+    resent = sorted(r.sent_s for r in records[wave:])
+    turnaround = [sent - end for sent, end in zip(resent, finished, strict=False)]
+    return " / ".join(
+        f"{1000 * float(np.median(values)):.1f}" if values else "-"
+        for values in (way_in, step, way_back, turnaround)
+    )
+
+
+def _prefill_steps(logged: list[dict[str, Any]], profile: StepModel, prompt: int) -> str:
+    """The real server's steps that began prompts, by how many they began: vLLM's step timer
+    (median, ms) against the profile's time for that step less its host share (the timer
+    leaves the host's work out), each decode taken halfway through its output."""
+    out = []
+    for began in sorted({int(s["prefill_requests"]) for s in logged} - {0})[:4]:
+        mine = [s for s in logged if int(s["prefill_requests"]) == began]
+        decodes = int(np.median([int(s["decode_requests"]) for s in mine]))
+        tokens = int(np.median([int(s["prefill_tokens"]) for s in mine]))
+        shape = StepShape(
+            prefill_tokens=tokens,
+            decode_tokens=decodes,
+            requests=began + decodes,
+            decode_context_tokens=decodes * (prompt + 16),
+            prefill_attention_pairs=began * (tokens // began) * (tokens // began + 1) // 2,
+        )
+        model = profile.step_seconds(shape) - profile.host_seconds(began + decodes)
+        timer = float(np.median([float(s["duration_s"]) for s in mine]))
+        out.append(f"{began}+{decodes}: {1000 * timer:.1f} vs {1000 * model:.1f}")
+    return ", ".join(out)
+
+
+def _own_steps_profile(
+    profile: FittedProfile, trace: Trace, run: EngineRun, logged: list[dict[str, Any]]
+) -> FittedProfile | None:
+    """``profile`` with its step costs refitted to this replay's own logged steps, its request
+    path kept: replayed with it, what is left of the TTFT error is the request's timeline and
+    the engine's dynamics, not the step model (a diagnosis, never a profile to ship)."""
+    sent, records = as_sent(trace, list(run.records or ()))
+    observed = Observed(
+        trace=sent, steps=logged, config=sim_config_of(run.resolved_config), records=records
+    )
+    try:
+        own = calibrate(
+            [observed],
+            name="own-steps",
+            provenance=profile.provenance,
+            engine_defaults=profile.engine_defaults,
+        ).profile
+    except (TunerError, ValueError):  # too few steps rebuilt to fit
+        return None
+    return own.model_copy(update={term: getattr(profile, term) for term in PATH_TERMS})
+
+
 def _admission_steps(prefills: list[int]) -> int:
     """The steps that prefilled before the first step that only decoded: how many groups the
     first wave was admitted in (1: all of it in one step)."""
@@ -198,6 +275,7 @@ def main() -> int:
                 f"request path: {profile.request_latency_ms:.2f} ms in, "
                 f"{profile.response_output_us:.0f} µs per output ahead on the way back"
             )
+            print(f"profile: {profile.model_dump_json(exclude={'provenance', 'engine_defaults'})}")
             print(
                 "| c | TTFT ms real: mean / p50 / p90 / p99 | simulated | first wave real / sim |"
             )
@@ -225,6 +303,40 @@ def main() -> int:
                 real["admitted_in"] = _admission_steps(real_prefills)
                 sim["admitted_in"] = _admission_steps(sim_prefills)
                 sim_requests = [len(step.scheduled) - step.decode_tokens for step in sim_steps]
+                started = run.details.get(
+                    "replay_started_unix_s", 0.0
+                )  # the stand-in: its own clock
+                real_spans = [
+                    (step.start_s, step.start_s + step.duration_s)
+                    for step in real_steps([json.loads(line) for line in logged], started)
+                    if step.start_s is not None
+                ]
+                sim_spans = [
+                    (
+                        s.start_s + profile.host_seconds(len(s.scheduled)),  # as the timer
+                        s.start_s + s.duration_s,
+                    )
+                    for s in sim_steps
+                ]
+                parsed = [json.loads(line) for line in logged]
+                print(
+                    f"  c={c}: steps beginning prompts + decoding, real timer vs the profile, "
+                    f"ms: {_prefill_steps(parsed, profile, args.prompt)}"
+                )
+                own = _own_steps_profile(profile, trace, run, parsed)
+                if own is not None:
+                    again = simulate(trace, config, own, max_concurrency=c)
+                    mine = _describe(again.records, c)
+                    print(
+                        f"  c={c}: simulated with this run's own step costs: TTFT mean / p50 / "
+                        f"p90 / p99 {mine['mean']:.0f} / {mine['p50']:.0f} / {mine['p90']:.0f} "
+                        f"/ {mine['p99']:.0f} ms"
+                    )
+                print(
+                    f"  c={c}: TTFT's parts, ms (send to its step's start / the step / its end "
+                    f"to the read; end to resend), real: {_parts(run.records, real_spans, c)}; "
+                    f"simulated: {_parts(simulated.records, sim_spans, c)}"
+                )
                 print(
                     f"  c={c}: requests prefilling per prefill step, real / simulated: "
                     f"{_together(real_prefills)} / {_together(sim_requests)}; TPOT ms mean / "

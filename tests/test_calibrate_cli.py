@@ -89,12 +89,20 @@ class SimulatedGpuServer(FakeServer):
             max_num_batched_tokens=settings["max_num_batched_tokens"],
             max_num_seqs=settings["max_num_seqs"],
             max_model_len=settings["max_model_len"],
-            long_prefill_token_threshold=settings["long_prefill_token_threshold"],
+            long_prefill_token_threshold=settings.get("long_prefill_token_threshold", 0),
             num_gpu_blocks=20_000,
         )
-        logs, _, _ = logged_steps(trace, config, self.truth)
+        limit = kwargs.get("max_concurrency")  # the calibration's closed loop
+        logs, _, _ = logged_steps(trace, config, self.truth, limit)
         records: list[StepRecord] = []
-        result = simulate(trace, config, self.truth, on_step=records.append, fast_forward=False)
+        result = simulate(
+            trace,
+            config,
+            self.truth,
+            on_step=records.append,
+            fast_forward=False,
+            max_concurrency=limit,
+        )
         path = self.folder / "calibration.steps.jsonl"
         with path.open("w") as stream:
             for log, step in zip(logs, records, strict=True):

@@ -8,6 +8,7 @@ coefficients that generated its data.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from prefill_tuner.calibration.calibrate import (
 )
 from prefill_tuner.calibration.fit import fit_steps
 from prefill_tuner.calibration.reconstruct import rebuild_steps
-from prefill_tuner.calibration.workload import profiling_trace
+from prefill_tuner.calibration.workload import profiling_trace, serving_trace
 from prefill_tuner.engines.real.signals import parse_iteration_log
 from prefill_tuner.engines.sim import FittedProfile, SimConfig, StepRecord, load_profile, simulate
 from prefill_tuner.engines.sim.cost_model import FEATURES, Provenance, StepModel, StepShape
@@ -47,11 +48,20 @@ TRUE = FittedProfile(
 )
 
 
-def logged_steps(trace: Trace, config: SimConfig, profile=TRUE) -> tuple[list, list, object]:
+def logged_steps(
+    trace: Trace, config: SimConfig, profile=TRUE, max_concurrency: int | None = None
+) -> tuple[list, list, object]:
     """What vLLM would log for a simulated run (its four counts and its step timer), and the
     shapes the simulator really ran."""
     records: list[StepRecord] = []
-    result = simulate(trace, config, profile, on_step=records.append, fast_forward=False)
+    result = simulate(
+        trace,
+        config,
+        profile,
+        on_step=records.append,
+        fast_forward=False,
+        max_concurrency=max_concurrency,
+    )
     prompt = {r.id: r.prompt_tokens for r in trace.requests}
     computed: dict[str, int] = {}
     outputs: dict[str, int] = dict.fromkeys(prompt, 0)
@@ -151,6 +161,43 @@ def test_the_designed_workload_rebuilds_completely_with_its_prefix_cache() -> No
     assert any(size <= 128 and before >= 3000 for size, before in prior)
     # Decodes over long contexts: 3,072 tokens a request.
     assert any(s.prefill_tokens == 0 and s.decode_context_tokens >= 3072 * 2 for s in shapes)
+
+
+@pytest.mark.parametrize(("budget", "seqs"), [(2048, 128), (8192, 256), (512, 4)])
+def test_the_serving_replay_prefills_whole_prompts_together(budget: int, seqs: int) -> None:
+    """Phases 5-6: with the server's own chunking, steps that prefill 2, 4 and 8 whole
+    prompts (the designed replay's low threshold never lets it), a closed loop that resends
+    one request as another ends, within every limit; and the calibration rebuilds it all."""
+    trace, limit = serving_trace(
+        max_num_batched_tokens=budget, max_model_len=4096, max_num_seqs=seqs
+    )
+    assert limit == min(8, seqs)
+    assert all(r.prompt_tokens + r.output_tokens <= 4096 for r in trace.requests)
+    config = SimConfig(
+        async_scheduling=False,
+        max_num_batched_tokens=budget,
+        max_num_seqs=seqs,
+        max_model_len=4096,
+        block_size=16,
+        num_gpu_blocks=20_000,
+    )
+    logs, shapes, _ = logged_steps(trace, config, max_concurrency=limit)
+    result = simulate(trace, config, TRUE, max_concurrency=limit)
+    sent = sorted(
+        (
+            dataclasses.replace(request, arrival_s=record.sent_s)
+            for request, record in zip(trace.requests, result.records, strict=True)
+        ),
+        key=lambda request: request.arrival_s,
+    )
+    rebuilt = rebuild_steps(logs, sent, scheduling_of(config))
+    assert [step.shape for step in rebuilt] == shapes
+    whole = {s.requests for s in shapes if s.prefill_tokens and not s.decode_tokens}
+    assert {2, 4, 8} & whole == {n for n in (2, 4, 8) if n <= limit and n * 16 <= budget}
+    start = trace.requests[-1].arrival_s  # the closed loop's requests all arrive then
+    loop = [r.sent_s for r in result.records if r.id.startswith("loop-")]
+    assert len(loop) == 4 * limit and sum(at == start for at in loop) == limit
+    assert all(at > start for at in loop if at != start)  # the rest resent as others end
 
 
 def test_the_fit_recovers_the_model_that_made_the_steps() -> None:

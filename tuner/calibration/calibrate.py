@@ -57,6 +57,8 @@ class Observed:
     max_concurrency: int | None = None
     """The client's limit the replay ran under (a stored trial of a closed-loop study: the
     simulator replays ``trace`` under it too); ``None`` when ``trace`` holds the real sends."""
+    label: str = ""
+    """What was replayed, in words (the report's line for it)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class Calibration:
     """Aligned steps timed line to line too (they followed another at once): the host fit."""
     ttft_error: float
     """Median relative TTFT error of the simulated replays with the fitted profile."""
-    replays: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    replays: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Per replay with token times: real vs simulated (with the fitted profile) step count,
     p50 TTFT and p50 TPOT."""
 
@@ -242,11 +244,12 @@ def calibrate(
     )
 
 
-def compare_replay(profile: StepModel, replay: Observed) -> dict[str, float]:
+def compare_replay(profile: StepModel, replay: Observed) -> dict[str, Any]:
     """A replay, real and simulated with ``profile``: what a user checks first."""
     result = simulate(replay.trace, replay.config, profile, max_concurrency=replay.max_concurrency)
     real = summarize_run(list(replay.records or ()))
     return {
+        "label": replay.label,
         "real_steps": len(replay.steps),
         "sim_steps": result.steps,
         "real_p50_ttft_s": real.ttft_s["p50"],

@@ -24,7 +24,11 @@ from prefill_tuner.calibration.refit import (
     refit_kernels,
     refuse_cpu,
 )
-from prefill_tuner.calibration.workload import CALIBRATION_THRESHOLD_SHARE, profiling_trace
+from prefill_tuner.calibration.workload import (
+    CALIBRATION_THRESHOLD_SHARE,
+    profiling_trace,
+    serving_trace,
+)
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.cost_model import Provenance
 from prefill_tuner.engines.sim.kernels.profile import KernelProfile
@@ -77,10 +81,10 @@ def calibrate_on_server(
         engine, settings, model=model, spacing=spacing, label=label
     )
     return calibrate(
-        [observed],
+        observed,
         name=name,
         provenance=provenance,
-        engine_defaults=pool_of(observed.config),
+        engine_defaults=pool_of(observed[0].config),
     )
 
 
@@ -102,7 +106,7 @@ def refit_on_server(
         engine, settings, model=model, spacing=spacing, label=label
     )
     return refit_kernels(
-        [observed],
+        observed,
         profile,
         name=name,
         provenance=provenance,
@@ -112,28 +116,36 @@ def refit_on_server(
 
 def _replay_on_server(
     engine: TrialEngine, settings: dict[str, Any], *, model: str, spacing: float, label: str
-) -> tuple[Observed, Provenance, dict[str, Any]]:
-    """The designed workload replayed on one server: what it saw, what the calibration is
-    fitted to, and the server's resolved config."""
+) -> tuple[list[Observed], Provenance, dict[str, Any]]:
+    """The designed workload replayed on one server (:mod:`~prefill_tuner.calibration.workload`:
+    phases 1-4 with a low long-prefill threshold, then phases 5-6 with the server's own
+    chunking, a second replay that a server with live knobs takes without a restart): what
+    it saw, what the calibration is fitted to, and the server's resolved config."""
     budget = int(settings.get("max_num_batched_tokens") or 2048)
-    settings = {
+    designed = {
         **settings,
         "enable_chunked_prefill": True,
         "long_prefill_token_threshold": max(16, budget // CALIBRATION_THRESHOLD_SHARE),
     }
-    max_model_len = int(engine.max_model_len(settings))  # --set max_model_len, if given
-    trace = profiling_trace(
+    max_model_len = int(engine.max_model_len(designed))  # --set max_model_len, if given
+    max_num_seqs = int(settings.get("max_num_seqs") or 256)
+    trace = profiling_trace(max_model_len=max_model_len, max_num_seqs=max_num_seqs, spacing=spacing)
+    first, resolved = _replay(engine, trace, designed, label=label, words="the designed workload")
+    config = first.config
+    serving, concurrency = serving_trace(
+        max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=max_model_len,
-        max_num_seqs=int(settings.get("max_num_seqs") or 256),
+        max_num_seqs=config.max_num_seqs,
         spacing=spacing,
     )
-    run = engine.run(trace, settings, label=label)
-    if run.failure or run.records is None:
-        raise TunerError(f"the calibration run failed: {run.failure or 'no request records'}")
-    steps = read_steps((run.details.get("server_steps") or {}).get("trace"))
-    config = sim_config_of(run.resolved_config)
-    sent, records = as_sent(trace, run.records)
-    observed = Observed(trace=sent, steps=steps, config=config, records=records)
+    second, _ = _replay(
+        engine,
+        serving,
+        {**settings, "enable_chunked_prefill": True},
+        label=f"{label}-serving",
+        words=f"prompt bursts and a closed loop at {concurrency}",
+        max_concurrency=concurrency,
+    )
     provenance = Provenance(
         kind="calibrated",
         method="vLLM's per-step log of the designed workload",
@@ -145,10 +157,37 @@ def _replay_on_server(
             f"designed: {len(trace.requests)} requests (prefill sweep to {max_model_len} "
             f"tokens, decode bursts to {config.max_num_seqs}, long prompts among streams, "
             f"long-context decodes); budget {config.max_num_batched_tokens}, long-prefill "
-            f"threshold {config.long_prefill_token_threshold}"
+            f"threshold {config.long_prefill_token_threshold}; then {len(serving.requests)} "
+            f"(prompt bursts, a closed loop at {concurrency}) with the server's own chunking"
         ),
     )
-    return observed, provenance, run.resolved_config
+    return [first, second], provenance, resolved
+
+
+def _replay(
+    engine: TrialEngine,
+    trace: Trace,
+    settings: dict[str, Any],
+    *,
+    label: str,
+    words: str,
+    max_concurrency: int | None = None,
+) -> tuple[Observed, dict[str, Any]]:
+    """One replay of the calibration on the server (``words``: what it is), as sent (a closed
+    loop's sends are its arrivals then), and the config the server resolved."""
+    run = engine.run(trace, settings, label=label, max_concurrency=max_concurrency)
+    if run.failure or run.records is None:
+        raise TunerError(f"the calibration run failed: {run.failure or 'no request records'}")
+    steps = read_steps((run.details.get("server_steps") or {}).get("trace"))
+    sent, records = as_sent(trace, run.records)
+    observed = Observed(
+        trace=sent,
+        steps=steps,
+        config=sim_config_of(run.resolved_config),
+        records=records,
+        label=words,
+    )
+    return observed, run.resolved_config
 
 
 def calibrate_from_study(

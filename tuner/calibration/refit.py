@@ -141,7 +141,7 @@ class Refit:
     """Median relative TTFT error of the simulated replays with the refitted profile."""
     ttft_error_before: float
     """The same with the profile as given."""
-    replays: list[dict[str, float]] = field(default_factory=list)
+    replays: list[dict[str, Any]] = field(default_factory=list)
     """Per replay with token times: real vs simulated (refitted profile) step count, p50 TTFT
     and p50 TPOT."""
     warnings: tuple[str, ...] = ()

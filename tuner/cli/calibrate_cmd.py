@@ -334,6 +334,8 @@ def _steps_line(calibration: Calibration | Refit) -> str:
 def _replay_lines(calibration: Calibration | Refit) -> list[str]:
     lines = []
     for replay in calibration.replays:
+        if replay.get("label"):
+            lines.append(f"  {replay['label']}:")
         lines.append(
             f"  replayed: real {replay['real_steps']} steps, p50 TTFT "
             f"{replay['real_p50_ttft_s'] * 1000:.1f} ms, p50 TPOT "
