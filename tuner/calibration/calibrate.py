@@ -59,6 +59,9 @@ class Observed:
     simulator replays ``trace`` under it too); ``None`` when ``trace`` holds the real sends."""
     label: str = ""
     """What was replayed, in words (the report's line for it)."""
+    client_limit: int | None = None
+    """The closed loop the client kept while it sent ``trace`` (which holds its real sends):
+    the client's turnaround is measured from it (:func:`resend_ms`)."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,7 @@ def calibrate(
         }
     )
     profile, ttft_error = fit_frontend(profile, observed)
+    profile = profile.model_copy(update={"resend_ms": resend_ms(observed)})
     return Calibration(
         replays=[
             compare_replay(profile, replay) for replay in observed if replay.records is not None
@@ -301,6 +305,27 @@ def fit_frontend(profile: Frontended, observed: Sequence[Observed]) -> tuple[Fro
         fitted = _fit_term(fitted, "request_latency_ms", max(fastest, 1.0), 0.05, loss)
         fitted = _fit_term(fitted, "response_output_us", streaming, 1.0, loss)
     return fitted, ttft_error(fitted, observed)
+
+
+def resend_ms(observed: Sequence[Observed]) -> float:
+    """The client's turnaround in the replays it ran as a closed loop: from reading a
+    response's last token to sending the request that took its slot, one response at a time
+    (``RequestPath.resend_ms``), the median over the resends of ``sent − max(end, the send
+    before)``; 0 when no replay was a closed loop. In a closed loop the k-th response to end
+    frees the slot of the k-th request sent after the first wave."""
+    services: list[float] = []
+    for replay in observed:
+        records = list(replay.records or ())
+        limit = replay.client_limit
+        if limit is None or not records or not all(r.completed for r in records):
+            continue
+        ends = sorted(float(r.token_times_s[-1]) for r in records)
+        resends = sorted(r.sent_s for r in records)[limit:]
+        previous = -math.inf
+        for sent, end in zip(resends, ends, strict=False):
+            services.append(sent - max(end, previous))
+            previous = sent
+    return round(1000.0 * max(float(np.median(services)), 0.0), 3) if services else 0.0
 
 
 def streaming_bound_us(observed: Sequence[Observed]) -> float:

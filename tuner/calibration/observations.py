@@ -186,6 +186,7 @@ def _replay(
         config=sim_config_of(run.resolved_config),
         records=records,
         label=words,
+        client_limit=max_concurrency,
     )
     return observed, run.resolved_config
 

@@ -40,6 +40,7 @@ from prefill_tuner.calibration.calibrate import (
     aligned_samples,
     compare_replay,
     fit_frontend,
+    resend_ms,
     ttft_error,
 )
 from prefill_tuner.calibration.fit import (
@@ -59,9 +60,9 @@ DEVICE_TERMS = ("overhead_ms", "per_request_us")
 """Device time outside the kernels: per step (ms), per scheduled request (µs)."""
 HOST_TERMS = ("host_ms", "host_request_us")
 """Host time: per step (ms), per scheduled request (µs)."""
-FRONTEND_TERMS = ("request_latency_ms", "response_output_us")
-"""The request path's latency and the way back's time per output (``request_interval_ms``
-stays: calibrate.fit_frontend says why)."""
+FRONTEND_TERMS = ("request_latency_ms", "response_output_us", "resend_ms")
+"""The request path's latency, the way back's time per output and the closed-loop client's
+turnaround (``request_interval_ms`` stays: calibrate.fit_frontend says why)."""
 REFITTED_TERMS = DEVICE_TERMS + HOST_TERMS + FRONTEND_TERMS
 """Every term a refit may change (the host terms only where the log has line times)."""
 MIN_STEPS = 20
@@ -297,6 +298,7 @@ def refit_kernels(
         }
     )
     written, after = fit_frontend(written, observed)
+    written = written.model_copy(update={"resend_ms": resend_ms(observed) or profile.resend_ms})
     written = written.model_copy(
         update={"provenance": _provenance(profile, written, fit, provenance)}
     )

@@ -255,6 +255,11 @@ def report_lines(calibration: Calibration | Refit, output: Path) -> list[str]:
         f"  way back: {profile.response_output_us:.0f} µs per output the server streams "
         "before a request's in its step"
     )
+    if profile.resend_ms:
+        lines.append(
+            f"  client: {profile.resend_ms:.1f} ms from a response's end to its next send "
+            "(closed loop)"
+        )
     lines.append(f"  simulated TTFT vs real: median error {calibration.ttft_error:.0%}")
     return [*lines, *_replay_lines(calibration), f"use it: tune run --profile {output} …"]
 

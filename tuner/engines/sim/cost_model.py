@@ -81,6 +81,7 @@ class ConstantProfile(BaseModel):
     request_token_s: ClassVar[float] = 0.0
     response_latency_s: ClassVar[float] = 0.0
     response_output_s: ClassVar[float] = 0.0
+    resend_s: ClassVar[float] = 0.0
     """A constant profile's request path is empty (:class:`RequestPath`)."""
     serve_args: ClassVar[tuple[str, ...]] = ()
     """The ``vllm serve`` flags of the machine a profile stands for (none: not known)."""

@@ -213,8 +213,9 @@ class ClosedLoop:
     for its turn like any other, and frees its slot as it takes it.
 
     A request's slot frees when the client reads its last token (``path``: after the step
-    that sampled it, and after the outputs the API server streamed before it), so the requests
-    of one step are sent again one after another, not together.
+    that sampled it, and after the outputs the API server streamed before it) and has handled
+    its end (``path.resend``, one response at a time), so the requests of one step are sent
+    again one after another, not together.
     """
 
     def __init__(
@@ -235,6 +236,8 @@ class ClosedLoop:
         self.path = path
         self.in_flight = 0
         self.last_sent = 0
+        self.client_free = 0
+        """When the client last finished handling a response's end (:meth:`ServerPath.resent`)."""
 
     def fill(self, now: int) -> None:
         """Send, from ``now`` on (ticks), every waiting request that a free slot lets go: each
@@ -256,18 +259,22 @@ class ClosedLoop:
         """The server answered ``request`` with HTTP 503 at ``at`` (ticks): its slot frees
         then."""
         self.in_flight -= 1
-        self.fill(at + self.path.response)
+        self.client_free = self.path.resent(at + self.path.response, self.client_free)
+        self.fill(self.client_free)
 
     def release(self, finished: list[SimRequest], at: int) -> None:
         """``finished`` had their last tokens sampled by the step that ended at ``at``
-        (ticks): each one's slot frees when its client reads that token."""
-        if not self.path.read_late:
+        (ticks): each one's slot frees when its client has read that token and handled the
+        response's end."""
+        path = self.path
+        if not path.read_late and not path.resend:
             self.in_flight -= len(finished)
             self.fill(at)
             return
-        for read in sorted(self.path.read_last(request, at) for request in finished):
+        for read in sorted(path.read_last(request, at) for request in finished):
             self.in_flight -= 1
-            self.fill(read)
+            self.client_free = path.resent(read, self.client_free)
+            self.fill(self.client_free)
 
 
 class _Loop(FastForward):

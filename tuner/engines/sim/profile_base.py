@@ -203,6 +203,11 @@ class RequestPath(BaseModel):
     """Per output the API server handles before a request's in the same step (detokenising
     and streaming one request's token): the step's outputs reach their clients one after
     another (0 until calibrated)."""
+    resend_ms: float = Field(default=0.0, ge=0, le=MAX_PART_MS)
+    """In a closed loop, from the client reading a response's last token to its sending the
+    next request (the rest of the response: vLLM's usage chunk and the stream's end; the
+    client's own handling), one response at a time, as one client process takes them (0
+    until calibrated)."""
 
     left_out_at_default: ClassVar[tuple[str, ...]] = ()
     """Fields a record leaves out while at their defaults (besides the later path terms), so
@@ -242,8 +247,12 @@ class RequestPath(BaseModel):
     def response_output_s(self) -> float:
         return self.response_output_us / 1e6
 
+    @property
+    def resend_s(self) -> float:
+        return self.resend_ms / 1000.0
 
-_LATER_PATH_TERMS = ("request_token_us", "response_latency_ms", "response_output_us")
+
+_LATER_PATH_TERMS = ("request_token_us", "response_latency_ms", "response_output_us", "resend_ms")
 """The :class:`RequestPath` terms a record leaves out while they are 0."""
 
 PATH_TERMS = ("request_latency_ms", "request_interval_ms", *_LATER_PATH_TERMS)

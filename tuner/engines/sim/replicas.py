@@ -173,6 +173,11 @@ class _Replicas:
         """The client's requests in flight (less those whose last token :attr:`frees` holds)."""
         self.frees: list[int] = []
         """A heap: when each finished request delivered its last token, until counted."""
+        self.handled: list[int] = []
+        """A heap: when the client has handled the end of each response read (its slot frees
+        then: :meth:`ServerPath.resent`), until counted."""
+        self.client_free = 0
+        """When the client last finished handling a response's end."""
         self.seeking = False
         """Set while :meth:`next_free` runs the replicas up to a slot's freeing."""
         for index, loop in enumerate(self.loops):
@@ -242,9 +247,7 @@ class _Replicas:
         assert self.limit is not None
         self.advance_to(now)  # every last token delivered before now is known then
         while True:
-            while self.frees and self.frees[0] <= now:
-                heapq.heappop(self.frees)
-                self.in_flight -= 1
+            self._count_frees(now)
             if self.in_flight < self.limit:
                 return now
             free = self.next_free()
@@ -253,15 +256,34 @@ class _Replicas:
             now = max(now, free)
             self.advance_to(now)
 
+    def _count_frees(self, now: int) -> None:
+        """Count the slots free by ``now``: every last token read by then (all known: the
+        replicas ran to ``now``), each once the client has handled its response's end, one
+        response at a time in the order they were read."""
+        path = self.path
+        while self.frees and self.frees[0] <= now:
+            read = heapq.heappop(self.frees)
+            if not path.resend:
+                self.in_flight -= 1
+                continue
+            self.client_free = path.resent(read, self.client_free)
+            heapq.heappush(self.handled, self.client_free)
+        while self.handled and self.handled[0] <= now:
+            heapq.heappop(self.handled)
+            self.in_flight -= 1
+
     def next_free(self) -> int | None:
-        """When the first request in flight will deliver its last token (``None``: never).
+        """When the first request in flight will deliver its last token, or the client will
+        have handled a response's end (``None``: never).
         Until that is certain the replicas run in time order: the one whose next decision
         comes first runs, but not up to a moment at which another could have freed a slot
         (a step's tokens come after the step is decided) or a known last token does."""
         self.seeking = True
         try:
             while True:
-                known = self.frees[0] if self.frees else FAR
+                known = min(
+                    self.frees[0] if self.frees else FAR, self.handled[0] if self.handled else FAR
+                )
                 times = [_next_decision(loop) for loop in self.loops]
                 first = min(range(len(times)), key=times.__getitem__)
                 if known <= times[first]:

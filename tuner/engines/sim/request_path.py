@@ -13,7 +13,9 @@ The way back: a step's outputs leave the engine core together at the step's end;
 server detokenises and streams them one request after another, in the step's order. A token
 reaches its client ``response_latency`` after its step's end, plus ``response_output`` for
 every output the server handled before it in that step. The client reads a response's last
-token, and a closed-loop client sends its next request then.
+token, and a closed-loop client sends its next request ``resend`` later, one response at a
+time (one process takes every response's end: a second response ended at the same moment is
+resent ``resend`` after the first).
 
 Where a request stands among its step's outputs is known exactly for its first token and its
 last (``SimRequest.first_position``, ``last_position``); the tokens between are taken at its
@@ -49,6 +51,9 @@ class ServerPath:
     """From a step's end to its first output's client reading it."""
     per_output: int
     """Per output the API server handles before a request's in the same step."""
+    resend: int = 0
+    """A closed-loop client's time from reading a response's last token to its next send,
+    one response at a time."""
 
     @classmethod
     def of(cls, profile: StepModel) -> ServerPath:
@@ -58,6 +63,7 @@ class ServerPath:
             per_token=profile.request_token_s * NS,
             response=_ticks(profile.response_latency_s),
             per_output=_ticks(profile.response_output_s),
+            resend=_ticks(profile.resend_s),
         )
 
     @property
@@ -72,6 +78,11 @@ class ServerPath:
         if previous is not None:
             at = max(at, previous + self.interval)
         return at + round(prompt * self.per_token)
+
+    def resent(self, read: int, client_free: int) -> int:
+        """When a closed-loop client sends the request that a response read at ``read`` lets
+        go, its previous such send having been at ``client_free``."""
+        return max(read, client_free) + self.resend
 
     def read_last(self, request: SimRequest, sampled: int) -> int:
         """When the client reads ``request``'s last token, sampled by the step that ended at
