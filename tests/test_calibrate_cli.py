@@ -144,7 +144,9 @@ def test_refit_on_a_server(tune, tmp_path: Path, monkeypatch, async_scheduling) 
     given = load_profile("llama-3.1-8b-h100")
     terms = {"overhead_ms": 1.2, "per_request_us": 12.0, "host_ms": 2.5, "host_request_us": 20.0}
     server = SimulatedGpuServer(
-        given.model_copy(update=terms), tmp_path, async_scheduling=async_scheduling
+        given.model_copy(update={**terms, "resend_ms": 2.0}),  # its client: 2 ms a response
+        tmp_path,
+        async_scheduling=async_scheduling,
     )
     monkeypatch.setattr(calibrate_cmd, "build_engine", lambda options: server)
     monkeypatch.setattr(observations, "hardware", lambda: "1× NVIDIA H100 80GB HBM3")
@@ -162,6 +164,7 @@ def test_refit_on_a_server(tune, tmp_path: Path, monkeypatch, async_scheduling) 
     assert profile.per_request_us == pytest.approx(terms["per_request_us"], abs=3.0)
     assert profile.host_ms == pytest.approx(terms["host_ms"], abs=0.1)
     assert profile.host_request_us == pytest.approx(terms["host_request_us"], abs=3.0)
+    assert profile.resend_ms == pytest.approx(2.0, abs=0.01)  # measured in the closed loop
     provenance = profile.provenance
     assert provenance.kind == "calibrated" and provenance.vllm_version == "vllm 0.11.0"
     assert provenance.hardware == "1× NVIDIA H100 80GB HBM3"  # the server's machine

@@ -75,16 +75,17 @@ def test_calibrate_on_a_real_server(tmp_path: Path, tune, monkeypatch) -> None:
     assert report["rebuilt"] == report["steps"] > 200  # every logged step followed
     assert report["held_out"]["median"] < HELD_OUT_BOUND
     assert profile.prefill_token_ms > 0 and profile.base_ms > 0
-    designed, serving = report["replays"]
-    assert designed["label"] == "the designed workload"
-    assert serving["label"] == "prompt bursts and a closed loop at 8"
+    designed, bursts, loop = report["replays"]
+    assert designed["label"] == "the designed workload" and bursts["label"] == "prompt bursts"
+    assert loop["label"] == "a closed loop at 8"
+    assert 0 < profile.resend_ms < 50  # the client's turnaround, measured in the closed loop
     # The calibration replay, simulated with its own profile: about the same number of steps
     # (the scheduler is vLLM's) and the same order of magnitude of p50 TPOT. The front end
     # decides how a burst is spread over admissions, and it is not in the profile: across 10
     # calibrations on 2 cores (8 of them beside one or two processes spinning on a core),
     # simulated / real - 1 ranged from -11% (974 / 1098 steps) to +8%. A clock 1.5× too
     # slow: -25%.
-    for replay in (designed, serving):
+    for replay in (designed, bursts, loop):
         assert abs(replay["sim_steps"] / replay["real_steps"] - 1) < STEP_COUNT_BOUND
         assert 1 / 3 < replay["sim_p50_tpot_s"] / replay["real_p50_tpot_s"] < 3
     assert "held-out step time" not in out  # --json prints JSON alone

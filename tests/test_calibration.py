@@ -22,12 +22,13 @@ from prefill_tuner.calibration.calibrate import (
     Observed,
     calibrate,
     fit_frontend,
+    resend_ms,
     scheduling_of,
     streaming_bound_us,
 )
 from prefill_tuner.calibration.fit import fit_steps
 from prefill_tuner.calibration.reconstruct import rebuild_steps
-from prefill_tuner.calibration.workload import profiling_trace, serving_trace
+from prefill_tuner.calibration.workload import burst_trace, closed_loop_trace, profiling_trace
 from prefill_tuner.engines.real.signals import parse_iteration_log
 from prefill_tuner.engines.sim import FittedProfile, SimConfig, StepRecord, load_profile, simulate
 from prefill_tuner.engines.sim.cost_model import FEATURES, Provenance, StepModel, StepShape
@@ -164,14 +165,12 @@ def test_the_designed_workload_rebuilds_completely_with_its_prefix_cache() -> No
 
 
 @pytest.mark.parametrize(("budget", "seqs"), [(2048, 128), (8192, 256), (512, 4)])
-def test_the_serving_replay_prefills_whole_prompts_together(budget: int, seqs: int) -> None:
-    """Phases 5-6: with the server's own chunking, steps that prefill 2, 4 and 8 whole
-    prompts (the designed replay's low threshold never lets it), a closed loop that resends
-    one request as another ends, within every limit; and the calibration rebuilds it all."""
-    trace, limit = serving_trace(
-        max_num_batched_tokens=budget, max_model_len=4096, max_num_seqs=seqs
-    )
-    assert limit == min(8, seqs)
+def test_the_bursts_prefill_whole_prompts_together(budget: int, seqs: int) -> None:
+    """Phase 5: with the server's own chunking, steps that prefill 2, 4 and 8 whole prompts
+    (the designed replay's low threshold never lets it), within every limit; and the
+    calibration rebuilds them all. Phase 6: a closed loop at 8 (fewer where the server
+    runs fewer), 4 requests a slot, all ready at once."""
+    trace = burst_trace(max_num_batched_tokens=budget, max_model_len=4096, max_num_seqs=seqs)
     assert all(r.prompt_tokens + r.output_tokens <= 4096 for r in trace.requests)
     config = SimConfig(
         async_scheduling=False,
@@ -181,23 +180,34 @@ def test_the_serving_replay_prefills_whole_prompts_together(budget: int, seqs: i
         block_size=16,
         num_gpu_blocks=20_000,
     )
-    logs, shapes, _ = logged_steps(trace, config, max_concurrency=limit)
-    result = simulate(trace, config, TRUE, max_concurrency=limit)
-    sent = sorted(
-        (
-            dataclasses.replace(request, arrival_s=record.sent_s)
-            for request, record in zip(trace.requests, result.records, strict=True)
-        ),
-        key=lambda request: request.arrival_s,
-    )
-    rebuilt = rebuild_steps(logs, sent, scheduling_of(config))
+    logs, shapes, _ = logged_steps(trace, config)
+    rebuilt = rebuild_steps(logs, trace.requests, scheduling_of(config))
     assert [step.shape for step in rebuilt] == shapes
     whole = {s.requests for s in shapes if s.prefill_tokens and not s.decode_tokens}
-    assert {2, 4, 8} & whole == {n for n in (2, 4, 8) if n <= limit and n * 16 <= budget}
-    start = trace.requests[-1].arrival_s  # the closed loop's requests all arrive then
-    loop = [r.sent_s for r in result.records if r.id.startswith("loop-")]
-    assert len(loop) == 4 * limit and sum(at == start for at in loop) == limit
-    assert all(at > start for at in loop if at != start)  # the rest resent as others end
+    assert {2, 4, 8} & whole == {n for n in (2, 4, 8) if n <= seqs and n * 16 <= budget}
+    loop, limit = closed_loop_trace(
+        max_num_batched_tokens=budget, max_model_len=4096, max_num_seqs=seqs
+    )
+    assert limit == min(8, seqs) and len(loop.requests) == 4 * limit
+    assert {r.arrival_s for r in loop.requests} == {0.0}
+
+
+@pytest.mark.parametrize("resend", [0.0, 1.0, 4.0])
+def test_the_clients_turnaround_is_measured_in_a_closed_loop(resend: float) -> None:
+    """A client that takes ``resend`` per response's end, one at a time: measured from the
+    closed loop's sends and ends alone (nothing fitted), and 0 where no replay was one."""
+    truth = TRUE.model_copy(update={"resend_ms": resend, "response_output_us": 300.0})
+    trace, limit = closed_loop_trace(
+        max_num_batched_tokens=2048, max_model_len=4096, max_num_seqs=64
+    )
+    config = SimConfig(
+        async_scheduling=False, max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=4096
+    )
+    run = simulate(trace, config, truth, max_concurrency=limit)
+    closed = Observed(trace=trace, steps=[], config=config, records=run.records)
+    assert resend_ms([closed]) == 0.0  # not known to be a closed loop: nothing measured
+    closed = dataclasses.replace(closed, client_limit=limit)
+    assert resend_ms([closed]) == pytest.approx(resend, abs=0.002)
 
 
 def test_the_fit_recovers_the_model_that_made_the_steps() -> None:

@@ -26,8 +26,9 @@ from prefill_tuner.calibration.refit import (
 )
 from prefill_tuner.calibration.workload import (
     CALIBRATION_THRESHOLD_SHARE,
+    burst_trace,
+    closed_loop_trace,
     profiling_trace,
-    serving_trace,
 )
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim.cost_model import Provenance
@@ -118,9 +119,10 @@ def _replay_on_server(
     engine: TrialEngine, settings: dict[str, Any], *, model: str, spacing: float, label: str
 ) -> tuple[list[Observed], Provenance, dict[str, Any]]:
     """The designed workload replayed on one server (:mod:`~prefill_tuner.calibration.workload`:
-    phases 1-4 with a low long-prefill threshold, then phases 5-6 with the server's own
-    chunking, a second replay that a server with live knobs takes without a restart): what
-    it saw, what the calibration is fitted to, and the server's resolved config."""
+    phases 1-4 with a low long-prefill threshold, then phases 5 and 6, each a replay of its
+    own with the server's own chunking, which a server with live knobs takes without a
+    restart): what it saw, what the calibration is fitted to, and the server's resolved
+    config."""
     budget = int(settings.get("max_num_batched_tokens") or 2048)
     designed = {
         **settings,
@@ -132,18 +134,21 @@ def _replay_on_server(
     trace = profiling_trace(max_model_len=max_model_len, max_num_seqs=max_num_seqs, spacing=spacing)
     first, resolved = _replay(engine, trace, designed, label=label, words="the designed workload")
     config = first.config
-    serving, concurrency = serving_trace(
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        spacing=spacing,
-    )
-    second, _ = _replay(
+    limits = {
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_model_len": max_model_len,
+        "max_num_seqs": config.max_num_seqs,
+    }
+    own = {**settings, "enable_chunked_prefill": True}  # the server's own chunking
+    bursts = burst_trace(**limits, spacing=spacing)
+    second, _ = _replay(engine, bursts, own, label=f"{label}-bursts", words="prompt bursts")
+    loop, concurrency = closed_loop_trace(**limits)
+    third, _ = _replay(
         engine,
-        serving,
-        {**settings, "enable_chunked_prefill": True},
-        label=f"{label}-serving",
-        words=f"prompt bursts and a closed loop at {concurrency}",
+        loop,
+        own,
+        label=f"{label}-closed-loop",
+        words=f"a closed loop at {concurrency}",
         max_concurrency=concurrency,
     )
     provenance = Provenance(
@@ -157,11 +162,12 @@ def _replay_on_server(
             f"designed: {len(trace.requests)} requests (prefill sweep to {max_model_len} "
             f"tokens, decode bursts to {config.max_num_seqs}, long prompts among streams, "
             f"long-context decodes); budget {config.max_num_batched_tokens}, long-prefill "
-            f"threshold {config.long_prefill_token_threshold}; then {len(serving.requests)} "
-            f"(prompt bursts, a closed loop at {concurrency}) with the server's own chunking"
+            f"threshold {config.long_prefill_token_threshold}; then {len(bursts.requests)} in "
+            f"prompt bursts and {len(loop.requests)} in a closed loop at {concurrency}, with "
+            "the server's own chunking"
         ),
     )
-    return [first, second], provenance, resolved
+    return [first, second, third], provenance, resolved
 
 
 def _replay(

@@ -60,10 +60,12 @@ DEVICE_TERMS = ("overhead_ms", "per_request_us")
 """Device time outside the kernels: per step (ms), per scheduled request (µs)."""
 HOST_TERMS = ("host_ms", "host_request_us")
 """Host time: per step (ms), per scheduled request (µs)."""
-FRONTEND_TERMS = ("request_latency_ms", "response_output_us", "resend_ms")
-"""The request path's latency, the way back's time per output and the closed-loop client's
-turnaround (``request_interval_ms`` stays: calibrate.fit_frontend says why)."""
-REFITTED_TERMS = DEVICE_TERMS + HOST_TERMS + FRONTEND_TERMS
+FRONTEND_TERMS = ("request_latency_ms", "response_output_us")
+"""The request path's latency and the way back's time per output (``request_interval_ms``
+stays: calibrate.fit_frontend says why)."""
+CLIENT_TERMS = ("resend_ms",)
+"""The closed-loop client's turnaround: measured where a replay ran as a closed loop."""
+REFITTED_TERMS = DEVICE_TERMS + HOST_TERMS + FRONTEND_TERMS + CLIENT_TERMS
 """Every term a refit may change (the host terms only where the log has line times)."""
 MIN_STEPS = 20
 """Fewer usable steps than this refit nothing."""
@@ -298,9 +300,11 @@ def refit_kernels(
         }
     )
     written, after = fit_frontend(written, observed)
-    written = written.model_copy(update={"resend_ms": resend_ms(observed) or profile.resend_ms})
+    closed_loop = any(replay.client_limit for replay in observed)
+    if closed_loop:
+        written = written.model_copy(update={"resend_ms": resend_ms(observed)})
     written = written.model_copy(
-        update={"provenance": _provenance(profile, written, fit, provenance)}
+        update={"provenance": _provenance(profile, written, fit, provenance, closed_loop)}
     )
     # Validated as it is read back (a file's round trip gives an equal profile).
     written = KernelProfile.model_validate(written.model_dump(mode="json"))
@@ -335,11 +339,21 @@ def refit_kernels(
 
 
 def _provenance(
-    given: KernelProfile, refitted: KernelProfile, fit: OutsideFit, server: Provenance
+    given: KernelProfile,
+    refitted: KernelProfile,
+    fit: OutsideFit,
+    server: Provenance,
+    closed_loop: bool,
 ) -> Provenance:
-    """The given profile's provenance, calibrated: what was refitted and to what, the held-out
-    error before and after, its measured-kernel source kept."""
-    terms = DEVICE_TERMS + (HOST_TERMS if fit.host_fitted else ()) + FRONTEND_TERMS
+    """The given profile's provenance, calibrated: what was refitted and to what (the
+    client's turnaround where a replay ran as a closed loop), the held-out error before and
+    after, its measured-kernel source kept."""
+    terms = (
+        DEVICE_TERMS
+        + (HOST_TERMS if fit.host_fitted else ())
+        + FRONTEND_TERMS
+        + (CLIENT_TERMS if closed_loop else ())
+    )
     changes = tuple(
         f"{term}: {getattr(given, term):g} → {getattr(refitted, term):g}" for term in terms
     )

@@ -19,9 +19,9 @@ Four phases, one trace (one server start):
    (fewer tokens per request as the burst grows, :data:`LONG_CONTEXT_KV`): what attention
    over a long context costs a decode.
 
-A second, short replay on the same server (:func:`serving_trace`) runs with the server's own
-chunking (no low threshold): the steps a closed-loop benchmark and busy traffic make, which the
-threshold keeps out of the first.
+Two more short replays on the same server (:func:`burst_trace`, :func:`closed_loop_trace`) run
+with the server's own chunking (no low threshold): the steps a closed-loop benchmark and busy
+traffic make, which the threshold keeps out of the first.
 
 5. **Prompt bursts.** 2, 4 and 8 prompts of an eighth and a quarter of the budget at once,
    nothing else running: steps that prefill several whole prompts (a prompt's cost per token
@@ -49,7 +49,8 @@ CALIBRATION_THRESHOLD_SHARE = 32
 """The calibration server caps a prefill chunk at ``max_num_batched_tokens // 32`` while
 other requests run."""
 SERVING_CONCURRENCY = 8
-"""Requests in flight in the closed loop of :func:`serving_trace` (at most ``max_num_seqs``)."""
+"""Requests in flight in the closed loop of :func:`closed_loop_trace` (at most
+``max_num_seqs``)."""
 SERVING_PER_SLOT = 4
 """Requests per slot in that closed loop (the first wave all at once, the rest resent)."""
 LONG_CONTEXT_KV = 2
@@ -114,20 +115,18 @@ def profiling_trace(*, max_model_len: int, max_num_seqs: int, spacing: float = 1
     return Trace(requests=tuple(requests))
 
 
-def serving_trace(
+def burst_trace(
     *, max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int, spacing: float = 1.0
-) -> tuple[Trace, int]:
-    """Phases 5 and 6 (module docs), and the client's limit to replay them under (the bursts
-    stay below it)."""
+) -> Trace:
+    """Phase 5 (module docs): bursts of whole prompts, each alone on the server."""
     if not spacing > 0:
         raise ValueError(f"spacing {spacing}: must be positive")
-    concurrency = max(1, min(SERVING_CONCURRENCY, max_num_seqs))
-    short = max(16, min(max_num_batched_tokens // 8, max_model_len // 4))
+    short = _serving_prompt(max_num_batched_tokens, max_model_len)
     requests: list[Request] = []
     clock = 0.0
     for prompt in (short, 2 * short):
         for batch in (2, 4, 8):
-            if batch > concurrency or batch * prompt > max_num_batched_tokens:
+            if batch > max_num_seqs or batch * prompt > max_num_batched_tokens:
                 continue
             for _ in range(2):  # twice: a first run of a shape can be slow on some backends
                 for _ in range(batch):
@@ -135,7 +134,24 @@ def serving_trace(
                         Request(f"burst-{len(requests)}", clock, min(prompt, max_model_len - 4), 4)
                     )
                 clock += spacing * max(0.5, batch * prompt / 4096)
+    return Trace(requests=tuple(requests))
+
+
+def closed_loop_trace(
+    *, max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int
+) -> tuple[Trace, int]:
+    """Phase 6 (module docs): its requests, all ready at once, and the client's limit to
+    replay them under."""
+    concurrency = max(1, min(SERVING_CONCURRENCY, max_num_seqs))
+    short = _serving_prompt(max_num_batched_tokens, max_model_len)
     output = min(32, max_model_len - short)
-    for _ in range(concurrency * SERVING_PER_SLOT):
-        requests.append(Request(f"loop-{len(requests)}", clock, short, output))
-    return Trace(requests=tuple(requests)), concurrency
+    requests = tuple(
+        Request(f"loop-{index}", 0.0, short, output)
+        for index in range(concurrency * SERVING_PER_SLOT)
+    )
+    return Trace(requests=requests), concurrency
+
+
+def _serving_prompt(max_num_batched_tokens: int, max_model_len: int) -> int:
+    """The bursts' and the closed loop's prompt: an eighth of the budget (eight fit a step)."""
+    return max(16, min(max_num_batched_tokens // 8, max_model_len // 4))
