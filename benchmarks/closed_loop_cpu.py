@@ -19,8 +19,10 @@ start of the step that sampled its first token, that step, the way back, and in 
 the client's turnaround from a response's end to the next send), compares the server's step
 timer with the profile's step time for the steps that began prompts, and replays the run with
 the profile's step costs refitted to the run's own steps (what is left is the timeline's and
-the dynamics' error, not the step model's). ``--keep DIR`` writes the profile and each run's
-records and step log there (``profile.json``, ``c{c}.json``), to try mechanisms offline.
+the dynamics' error, not the step model's); and it prints how many prompts each of the first
+60 steps began, real and simulated (how a cycle's resends are admitted). ``--keep DIR``
+writes the profile and each run's records and step log there (``profile.json``,
+``c{c}.json``), to try mechanisms offline.
 
 The client and the server share this machine's cores; run it on a quiet machine.
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import sys
 import tempfile
@@ -225,6 +228,19 @@ def _own_steps_profile(
     return own.model_copy(update={term: getattr(profile, term) for term in PATH_TERMS})
 
 
+def _sequence(prefills: list[int], steps: int = 60) -> str:
+    """How many prompts each of the first ``steps`` steps began, runs of three or more
+    decode-only steps as ``0×n``: a lockstep wave repeats its first wave's admissions, a real
+    server's cycles can ramp up instead."""
+    words = []
+    for count, run in itertools.groupby(prefills[:steps]):
+        length = len(list(run))
+        words.append(
+            f"0×{length}" if count == 0 and length > 2 else " ".join([str(count)] * length)
+        )
+    return " ".join(words)
+
+
 def _admission_steps(prefills: list[int]) -> int:
     """The steps that prefilled before the first step that only decoded: how many groups the
     first wave was admitted in (1: all of it in one step)."""
@@ -362,6 +378,8 @@ def main() -> int:
                     f"to the read; end to resend), real: {_parts(run.records, real_spans, c)}; "
                     f"simulated: {_parts(simulated.records, sim_spans, c)}"
                 )
+                print(f"  c={c}: prompts begun per step, real: {_sequence(real_prefills)}")
+                print(f"  c={c}: prompts begun per step, simulated: {_sequence(sim_requests)}")
                 print(
                     f"  c={c}: requests prefilling per prefill step, real / simulated: "
                     f"{_together(real_prefills)} / {_together(sim_requests)}; TPOT ms mean / "
