@@ -22,6 +22,7 @@ from prefill_tuner.calibration.calibrate import (
     Observed,
     calibrate,
     fit_frontend,
+    latency_bound_ms,
     resend_ms,
     scheduling_of,
     streaming_bound_us,
@@ -166,7 +167,7 @@ def test_the_designed_workload_rebuilds_completely_with_its_prefix_cache() -> No
 
 @pytest.mark.parametrize(("budget", "seqs"), [(2048, 128), (8192, 256), (512, 4)])
 def test_the_bursts_prefill_whole_prompts_together(budget: int, seqs: int) -> None:
-    """Phase 5: with the server's own chunking, steps that prefill 2, 4 and 8 whole prompts
+    """Phase 5: with the server's own chunking, steps that prefill 1, 2, 4 and 8 whole prompts
     (the designed replay's low threshold never lets it), within every limit; and the
     calibration rebuilds them all. Phase 6: a closed loop at 8 (fewer where the server
     runs fewer), 4 requests a slot, all ready at once."""
@@ -185,6 +186,9 @@ def test_the_bursts_prefill_whole_prompts_together(budget: int, seqs: int) -> No
     assert [step.shape for step in rebuilt] == shapes
     whole = {s.requests for s in shapes if s.prefill_tokens and not s.decode_tokens}
     assert {2, 4, 8} & whole == {n for n in (2, 4, 8) if n <= seqs and n * 16 <= budget}
+    # and one prompt alone, up to the whole budget (or max_model_len): the only long chunks
+    alone = [s.prefill_tokens for s in shapes if s.requests == 1 and not s.decode_tokens]
+    assert min(alone) == budget // 8 and max(alone) == min(budget, 4096 - 4)
     loop, limit = closed_loop_trace(
         max_num_batched_tokens=budget, max_model_len=4096, max_num_seqs=seqs
     )
@@ -235,6 +239,28 @@ def test_the_fit_recovers_the_model_that_made_the_steps() -> None:
     assert set(fit.by_kind) == {"decode", "mixed", "prefill"}
 
 
+def test_the_fit_finds_what_a_step_that_prefills_costs_once() -> None:
+    """A step that prefills pays a fixed cost however many chunks it holds: the fit tells it
+    from the cost per token and per request (which a step of one short chunk and one of many
+    long ones weigh differently), and a profile without it keeps its record."""
+    truth = TRUE.model_copy(update={"prefill_step_ms": 2.5})
+    trace = profiling_trace(max_model_len=4096, max_num_seqs=128)
+    config = SimConfig(
+        async_scheduling=False,
+        max_num_batched_tokens=1024,
+        max_num_seqs=128,
+        max_model_len=4096,
+        long_prefill_token_threshold=32,
+        block_size=128,
+    )
+    _, shapes, _ = logged_steps(trace, config, truth)
+    fit = fit_steps(shapes, [truth.step_seconds(shape) for shape in shapes])
+    assert fit.coefficients_ms["prefill_step"] == pytest.approx(2.5, rel=0.05)
+    assert fit.coefficients_ms["prefill_token"] == pytest.approx(0.04, rel=0.05)
+    assert "prefill_step_ms" not in TRUE.model_dump(mode="json")
+    assert truth.model_dump(mode="json")["prefill_step_ms"] == 2.5
+
+
 def test_the_front_end_fit_finds_the_latency() -> None:
     truth = TRUE.model_copy(update={"request_latency_ms": 12.0})
     trace = profiling_trace(max_model_len=2048, max_num_seqs=64)
@@ -247,6 +273,30 @@ def test_the_front_end_fit_finds_the_latency() -> None:
     assert fitted.request_latency_ms == pytest.approx(12.0, abs=0.5)
     assert fitted.request_interval_ms == 0
     assert error < 0.01
+
+
+def test_the_latency_is_bounded_by_the_fastest_requests_time_outside_the_engine() -> None:
+    """The fastest request of a replay spent its TTFT in the front end and in the engine: the
+    latency cannot exceed that TTFT less the engine's part (its steps, as the simulator takes
+    them). A replay the simulator makes too fast everywhere (the server slower than the
+    profile: every step twice as long) pulls the latency fit up to the bound, not past it to
+    the whole TTFT."""
+    truth = TRUE.model_copy(update={"request_latency_ms": 3.0})
+    trace = profiling_trace(max_model_len=2048, max_num_seqs=64)
+    config = SimConfig(
+        async_scheduling=False, max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=2048
+    )
+    real = simulate(trace, config, truth)
+    observed = Observed(trace=trace, steps=[], config=config, records=real.records)
+    assert latency_bound_ms(TRUE, [observed]) == pytest.approx(3.0, abs=1e-6)
+    slow = truth.model_copy(update={"base_ms": 4.0, "prefill_token_ms": 0.08})
+    real = simulate(trace, config, slow)
+    observed = Observed(trace=trace, steps=[], config=config, records=real.records)
+    fastest = min(r.token_times_s[0] - r.sent_s for r in real.records) * 1000
+    bound = latency_bound_ms(TRUE, [observed])
+    assert 3.0 < bound < fastest - 2.0
+    fitted, _ = fit_frontend(TRUE, [observed])
+    assert fitted.request_latency_ms <= bound + 1e-6
 
 
 def test_the_front_end_fit_finds_the_way_back() -> None:

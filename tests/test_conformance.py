@@ -166,6 +166,7 @@ class TestFittedProfile(StepProfileSuite):
             decode_squared_ms=1e-5,
             decode_context_ms=2e-6,
             request_ms=0.01,
+            prefill_step_ms=1.2,
             host_ms=1.5,
             host_request_ms=0.002,
             request_latency_ms=2.0,

@@ -20,6 +20,7 @@ LINEAR = FittedProfile(
     decode_squared_ms=1e-4,
     decode_context_ms=3e-5,
     request_ms=0.01,
+    prefill_step_ms=0.8,
     host_ms=1.3,
     host_request_ms=0.07,
 )

