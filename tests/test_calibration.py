@@ -214,7 +214,9 @@ def test_the_clients_turnaround_is_measured_in_a_closed_loop(resend: float) -> N
     assert resend_ms([closed]) == pytest.approx(resend, abs=0.002)
 
 
-def test_the_fit_recovers_the_model_that_made_the_steps() -> None:
+def fitted_shapes(profile: FittedProfile) -> list[StepShape]:
+    """The steps of the designed workload on a server with a small budget and a low
+    threshold (every kind of step the fit needs), as ``profile`` ran them."""
     trace = profiling_trace(max_model_len=4096, max_num_seqs=128)
     config = SimConfig(
         async_scheduling=False,
@@ -224,7 +226,23 @@ def test_the_fit_recovers_the_model_that_made_the_steps() -> None:
         long_prefill_token_threshold=32,
         block_size=128,
     )
-    _, shapes, _ = logged_steps(trace, config)
+    _, shapes, _ = logged_steps(trace, config, profile)
+    return shapes
+
+
+def replayed(profile: FittedProfile) -> Observed:
+    """The designed workload replayed on a 2,048-token server that ``profile`` times (its
+    request path included): the front end's fits' real replay."""
+    trace = profiling_trace(max_model_len=2048, max_num_seqs=64)
+    config = SimConfig(
+        async_scheduling=False, max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=2048
+    )
+    real = simulate(trace, config, profile)
+    return Observed(trace=trace, steps=[], config=config, records=real.records)
+
+
+def test_the_fit_recovers_the_model_that_made_the_steps() -> None:
+    shapes = fitted_shapes(TRUE)
     rng = np.random.default_rng(1)
     truth = np.array([TRUE.step_seconds(shape) for shape in shapes])
     noisy = truth * rng.lognormal(0.0, 0.05, truth.size)
@@ -244,16 +262,7 @@ def test_the_fit_finds_what_a_step_that_prefills_costs_once() -> None:
     from the cost per token and per request (which a step of one short chunk and one of many
     long ones weigh differently), and a profile without it keeps its record."""
     truth = TRUE.model_copy(update={"prefill_step_ms": 2.5})
-    trace = profiling_trace(max_model_len=4096, max_num_seqs=128)
-    config = SimConfig(
-        async_scheduling=False,
-        max_num_batched_tokens=1024,
-        max_num_seqs=128,
-        max_model_len=4096,
-        long_prefill_token_threshold=32,
-        block_size=128,
-    )
-    _, shapes, _ = logged_steps(trace, config, truth)
+    shapes = fitted_shapes(truth)
     fit = fit_steps(shapes, [truth.step_seconds(shape) for shape in shapes])
     assert fit.coefficients_ms["prefill_step"] == pytest.approx(2.5, rel=0.05)
     assert fit.coefficients_ms["prefill_token"] == pytest.approx(0.04, rel=0.05)
@@ -263,12 +272,7 @@ def test_the_fit_finds_what_a_step_that_prefills_costs_once() -> None:
 
 def test_the_front_end_fit_finds_the_latency() -> None:
     truth = TRUE.model_copy(update={"request_latency_ms": 12.0})
-    trace = profiling_trace(max_model_len=2048, max_num_seqs=64)
-    config = SimConfig(
-        async_scheduling=False, max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=2048
-    )
-    real = simulate(trace, config, truth)
-    observed = Observed(trace=trace, steps=[], config=config, records=real.records)
+    observed = replayed(truth)
     fitted, error = fit_frontend(TRUE, [observed])
     assert fitted.request_latency_ms == pytest.approx(12.0, abs=0.5)
     assert fitted.request_interval_ms == 0
@@ -282,17 +286,10 @@ def test_the_latency_is_bounded_by_the_fastest_requests_time_outside_the_engine(
     profile: every step twice as long) pulls the latency fit up to the bound, not past it to
     the whole TTFT."""
     truth = TRUE.model_copy(update={"request_latency_ms": 3.0})
-    trace = profiling_trace(max_model_len=2048, max_num_seqs=64)
-    config = SimConfig(
-        async_scheduling=False, max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=2048
-    )
-    real = simulate(trace, config, truth)
-    observed = Observed(trace=trace, steps=[], config=config, records=real.records)
+    observed = replayed(truth)
     assert latency_bound_ms(TRUE, [observed]) == pytest.approx(3.0, abs=1e-6)
-    slow = truth.model_copy(update={"base_ms": 4.0, "prefill_token_ms": 0.08})
-    real = simulate(trace, config, slow)
-    observed = Observed(trace=trace, steps=[], config=config, records=real.records)
-    fastest = min(r.token_times_s[0] - r.sent_s for r in real.records) * 1000
+    observed = replayed(truth.model_copy(update={"base_ms": 4.0, "prefill_token_ms": 0.08}))
+    fastest = min(r.token_times_s[0] - r.sent_s for r in observed.records or ()) * 1000
     bound = latency_bound_ms(TRUE, [observed])
     assert 3.0 < bound < fastest - 2.0
     fitted, _ = fit_frontend(TRUE, [observed])
@@ -303,12 +300,7 @@ def test_the_front_end_fit_finds_the_way_back() -> None:
     """A server whose front end streams a step's outputs 300 µs apart (and takes 4 ms on the
     way in): the fit finds both from the replay's TTFTs, which spread within each burst."""
     truth = TRUE.model_copy(update={"request_latency_ms": 4.0, "response_output_us": 300.0})
-    trace = profiling_trace(max_model_len=2048, max_num_seqs=64)
-    config = SimConfig(
-        async_scheduling=False, max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=2048
-    )
-    real = simulate(trace, config, truth)
-    observed = Observed(trace=trace, steps=[], config=config, records=real.records)
+    observed = replayed(truth)
     fitted, error = fit_frontend(TRUE, [observed])
     assert fitted.response_output_us == pytest.approx(300.0, rel=0.05)
     assert fitted.request_latency_ms == pytest.approx(4.0, abs=0.5)
@@ -324,12 +316,7 @@ def test_the_way_back_is_no_slower_than_the_server_streamed() -> None:
         {"duration_s": 0.030, "prefill_requests": 2, "decode_requests": 14},  # not decode-only
     ]
     truth = TRUE.model_copy(update={"response_output_us": 2000.0})
-    trace = profiling_trace(max_model_len=2048, max_num_seqs=64)
-    config = SimConfig(
-        async_scheduling=False, max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=2048
-    )
-    real = simulate(trace, config, truth)
-    observed = Observed(trace=trace, steps=steps, config=config, records=real.records)
+    observed = dataclasses.replace(replayed(truth), steps=steps)
     assert streaming_bound_us([observed]) == pytest.approx(500.0)
     fitted, _ = fit_frontend(TRUE, [observed])
     assert 0 < fitted.response_output_us <= 500.0
