@@ -20,8 +20,9 @@ Prints each row's simulated and measured means, the error ``simulated / measured
 many requests the simulation prefilled together per prefill step (a lockstep wave of the
 whole concurrency shows as its budget-bound group), and the simulated mean TTFT of the first
 wave (the ``batch`` requests sent at the start) and of the rest, then the median and 90th
-percentile of ``|error|`` for TTFT and TPOT, overall, by TP and by prompt length, and the
-worst rows.
+percentile of ``|error|`` for TTFT and TPOT, overall, by TP and by prompt length, for the
+rows ``tune simulate`` says ran in lockstep waves and for the others (``engines/sim/waves.py``:
+its ``TTFT caveat``), and the worst rows.
 ``--path`` sets request-path terms of the profiles (``request_interval_ms=5,
 response_output_us=100``; ``docs/simulator.md``, "A request's life"): an experiment, to see
 what each moves; the shipped profiles have none (0 until calibrated on a server).
@@ -59,6 +60,7 @@ from prefill_tuner.engines.sim.config import (
 from prefill_tuner.engines.sim.hardware import ProfileSpec
 from prefill_tuner.engines.sim.loop import simulate
 from prefill_tuner.engines.sim.profile_base import PATH_TERMS
+from prefill_tuner.engines.sim.waves import lockstep
 from prefill_tuner.errors import TunerError
 from prefill_tuner.trace.model import Request, Trace
 
@@ -102,6 +104,8 @@ class Compared:
     """Mean TTFT of the first ``batch`` requests (all sent at the start)."""
     later_ms: float = math.nan
     """Mean TTFT of the rest (sent as earlier ones finished)."""
+    lockstep: bool = False
+    """Whether ``tune simulate`` says the replay ran in lockstep waves (``waves.lockstep``)."""
 
     @property
     def ttft_error(self) -> float:
@@ -209,6 +213,7 @@ def replay(
         on_step=lambda step: together.append(len(step.scheduled) - step.decode_tokens),
     )
     metrics, prefilling = result.metrics, [count for count in together if count]
+    waves = lockstep(Trace(requests), row.batch, result.admitted_together) is not None
     ttft = {int(r.id): r.token_times_s[0] - r.sent_s for r in result.records if r.completed}
     first = [t for i, t in ttft.items() if i < row.batch]
     later = [t for i, t in ttft.items() if i >= row.batch]
@@ -219,6 +224,7 @@ def replay(
         float(np.mean(prefilling)) if prefilling else 0.0,
         1000 * float(np.mean(first)) if first else math.nan,
         1000 * float(np.mean(later)) if later else math.nan,
+        waves,
     )
 
 
@@ -334,6 +340,13 @@ def main() -> int:
             f"  {isl}-token prompts ({len(part)} runs): TTFT {_stats([c.ttft_error for c in part])}"
             f" (signed median {signed:+.0%}); TPOT {_stats([c.tpot_error for c in part])}"
         )
+    for flagged, name in ((True, "said to run in lockstep waves"), (False, "the others")):
+        part = [c.ttft_error for c in compared if c.lockstep == flagged]
+        if part:
+            print(
+                f"  {name} ({len(part)} runs): TTFT signed median {np.median(part):+.0%}, "
+                f"from {min(part):+.0%} to {max(part):+.0%}"
+            )
     worst = sorted(compared, key=lambda c: -abs(c.ttft_error))[: args.worst]
     print("worst TTFT: " + "; ".join(f"{c.row.label()} {c.ttft_error:+.0%}" for c in worst))
     return 0

@@ -21,6 +21,7 @@ from rich.table import Column, Table
 from prefill_tuner.cli.fields import with_flags
 from prefill_tuner.engines.base import TrialEngine
 from prefill_tuner.engines.sim import SimResult
+from prefill_tuner.engines.sim.waves import lockstep
 from prefill_tuner.objectives.scoring import Objective
 from prefill_tuner.objectives.slo import format_seconds
 from prefill_tuner.search_spaces.space import baseline_outside_note
@@ -395,6 +396,8 @@ def render_sim_result(trace: Trace, result: SimResult, profile_note: str = "") -
     )
     if metrics.completed:
         table.add_row("latency", latency)
+    if (waves := lockstep(trace, result.max_concurrency, result.admitted_together)) is not None:
+        table.add_row("TTFT caveat", escape(waves.line()))
     for name, own in metrics.by_class.items():  # what per-class SLOs would judge
         table.add_row(
             escape(f"class {name}"),

@@ -37,6 +37,7 @@ from prefill_tuner.engines.sim.scheduler import Scheduler, StepPlan
 from prefill_tuner.engines.sim.steps import NS, InFlight, StepRecord
 from prefill_tuner.engines.sim.steps import shape as shape_of_plan
 from prefill_tuner.engines.sim.steps import ticks as _ns
+from prefill_tuner.engines.sim.waves import lockstep
 
 __all__ = ["NS", "SIMULATOR_VERSION", "ClosedLoop", "SimResult", "StepRecord", "simulate"]
 from prefill_tuner.objectives.metrics import RequestRecord, RunMetrics, summarize_run
@@ -74,6 +75,10 @@ class SimResult:
     """The most requests running at once (on one replica, behind a router). Below
     ``max_num_seqs``, that limit never refused an admission, and the run is the same under
     any limit above it."""
+    admitted_together: tuple[int, ...] = ()
+    """How many requests each step that admitted any admitted from the waiting queue, in
+    order (every replica's, one after another): a closed loop's lockstep waves show here
+    (:func:`~prefill_tuner.engines.sim.waves.lockstep`)."""
 
     def client_waits(self, trace: Trace) -> list[float]:
         """How long each request of ``trace`` waited at the client for a slot (its send less
@@ -86,6 +91,7 @@ class SimResult:
     def summary(self, trace: Trace) -> dict[str, object]:
         """Everything worth keeping from a run of ``trace``, JSON-ready (NaN left as is)."""
         waits = self.client_waits(trace)
+        waves = lockstep(trace, self.max_concurrency, self.admitted_together)
         return {
             "engine": self.engine_version,
             "profile": self.profile,
@@ -105,6 +111,7 @@ class SimResult:
             "requests_held": sum(1 for wait in waits if wait > 0),
             "client_wait_max_s": max(waits, default=0.0),
             "wall_s": self.wall_s,
+            "lockstep_waves": None if waves is None else waves.line(),
         }
 
     @property
@@ -161,6 +168,7 @@ def simulate(
         busy_s=loop.busy / NS,
         max_concurrency=max_concurrency,
         peak_running=loop.scheduler.peak_running,
+        admitted_together=tuple(loop.admitted_together),
     )
 
 
@@ -317,6 +325,8 @@ class _Loop(FastForward):
         self.busy = 0
         """Ticks spent computing steps (the device's, when asynchronous)."""
         self.stalled: str | None = None
+        self.admitted_together: list[int] = []
+        """Per step that admitted requests, how many (:attr:`SimResult.admitted_together`)."""
         self.turned_away: dict[int, str] = {}
         """Why each request a queue limit turned away was (by index)."""
         self.on_reject: Callable[[SimRequest, int], None] | None = None
@@ -378,6 +388,8 @@ class _Loop(FastForward):
         if not plan.scheduled and not plan.preempted:
             return None
         self.preemptions += len(plan.preempted)
+        if plan.admitted:
+            self.admitted_together.append(len(plan.admitted))
         self.peak_blocks = max(self.peak_blocks, self.scheduler.kv.num_used_blocks)
         return plan
 

@@ -126,6 +126,7 @@ def simulate_replicas(
         busy_s=sum(loop.busy for loop in loops) / NS,
         max_concurrency=max_concurrency,
         peak_running=max(loop.scheduler.peak_running for loop in loops),
+        admitted_together=tuple(n for loop in loops for n in loop.admitted_together),
     )
     stats = [
         ReplicaStats(
