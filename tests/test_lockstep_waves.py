@@ -9,6 +9,7 @@ from pathlib import Path
 from prefill_tuner.engines.sim import SimConfig, load_profile, simulate
 from prefill_tuner.engines.sim.replicas import simulate_replicas
 from prefill_tuner.engines.sim.waves import LOCKSTEP_GROUP, lockstep
+from prefill_tuner.storage.store import TunerStore
 from prefill_tuner.trace.model import Request, Trace
 
 H100 = load_profile("llama-3.1-8b-h100")
@@ -97,3 +98,32 @@ def test_tune_simulate_prints_the_caveat_beside_ttft(tune, tmp_path: Path) -> No
     code, out, err = tune("simulate", "--trace", str(path), "--max-concurrency", "8", "--json")
     assert code == 0, err
     assert "lockstep waves" in json.loads(out)["lockstep_waves"]
+
+
+def test_tune_run_says_when_its_recommendation_ran_in_waves(tune, tmp_path: Path) -> None:
+    def study(name: str, lengths: list[int]) -> str:
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(
+            "".join(
+                json.dumps({"timestamp": 0.0, "input_length": n, "output_length": 16}) + "\n"
+                for n in lengths
+            )
+        )
+        code, out, err = tune(
+            "run", "--trace", str(path), "--max-concurrency", "4", "--slo", "p99_tpot=50ms",
+            "--trials", "3", "--storage", f"sqlite:///{tmp_path / name}.db", "--no-report",
+        )  # fmt: skip
+        assert code == 0, err
+        assert "TTFT caveat" not in out  # the answer on stdout stays as it was
+        return err
+
+    err = study("fixed", [32] * 40)  # four 32-token prompts fit every budget: whole waves
+    assert "TTFT caveat (trial " in err and "admitted 4.0 at a time" in err
+    store = TunerStore(f"sqlite:///{tmp_path / 'fixed'}.db")
+    record = store.get_study("fixed-latency")
+    assert record is not None
+    trials = store.trials(record)
+    assert len(trials) == 3
+    assert all((t.metrics or {})["details"]["lockstep_waves"] == 4.0 for t in trials)
+    varied = study("varied", [32 + i % 5 for i in range(40)])
+    assert "TTFT caveat" not in varied

@@ -186,6 +186,7 @@ def _explain(
     try:
         with stop_signals(err):
             session.why_infeasible(summary, _sayer(err))
+            session.caveats(summary, _sayer(err))
             finding = session.baseline_finding(summary)
             if finding is not None:
                 diagnose = ["tune", "diagnose", "--study", summary.study.name]

@@ -33,7 +33,7 @@ from prefill_tuner.study.recommend import references
 from prefill_tuner.study.run import StudyProgress, open_study, run_study
 from prefill_tuner.study.runners import running
 from prefill_tuner.study.screening import give_profile, run_screened_study, stand_in
-from prefill_tuner.study.summary import StudySummary, summarize_stored
+from prefill_tuner.study.summary import StudySummary, lockstep_caveat, summarize_stored
 from prefill_tuner.worker.definition import definition_of
 
 Say = Callable[[str], None]
@@ -112,6 +112,13 @@ class TuningSession:
         """Check the best settings' load headroom and neighbours and return the summary with
         the recommendation they lead to (:func:`checked_summary`)."""
         return checked_summary(self.plan, self.engine, self.store, self.study, summary, say)
+
+    def caveats(self, summary: StudySummary, say: Say) -> None:
+        """What to bear in mind reading the answer: the recommended trial's TTFT simulated
+        in lockstep waves (:func:`~prefill_tuner.study.summary.lockstep_caveat`)."""
+        caveat = lockstep_caveat(summary, self.plan.shaping.max_concurrency)
+        if caveat is not None:
+            say(caveat)
 
     def why_infeasible(self, summary: StudySummary, say: Say) -> None:
         """When nothing met the SLOs of a latency study: whether any setting could at this
@@ -257,6 +264,7 @@ def tune_study(
             raise KeyboardInterrupt
         summary = session.summary(say)
         session.why_infeasible(summary, say)
+        session.caveats(summary, say)
         if report is not None and summary.finished:
             session.write_report(report)
     return summary

@@ -18,6 +18,7 @@ import numpy as np
 import optuna
 
 from prefill_tuner import defaults
+from prefill_tuner.engines.sim.waves import Lockstep
 from prefill_tuner.errors import TunerError
 from prefill_tuner.files import read_input, why_unreadable
 from prefill_tuner.objectives.slo import format_seconds, parse_slos
@@ -119,6 +120,20 @@ def summarize_study(
         predicted_trials=max((len(values) for values in errors.values()), default=0),
         headroom=headroom,
     )
+
+
+def lockstep_caveat(summary: StudySummary, limit: int | None) -> str | None:
+    """A line for the recommended trial (or, with none, the closest that ran) when the
+    simulator ran it in lockstep waves (its details' ``lockstep_waves``): its TTFT is the
+    simulator's least sure (:mod:`prefill_tuner.engines.sim.waves`)."""
+    trial = summary.recommended or summary.closest_measured
+    if trial is None or limit is None:
+        return None
+    together = ((trial.metrics or {}).get("details") or {}).get("lockstep_waves")
+    if not isinstance(together, int | float):
+        return None
+    waves = Lockstep(together=float(together), concurrency=limit)
+    return f"TTFT caveat (trial {trial.trial_number}): {waves.line()}"
 
 
 def stored_headroom(

@@ -16,6 +16,7 @@ from prefill_tuner.engines.sim.config import SIM_FIELDS, SimConfig, resolve_conf
 from prefill_tuner.engines.sim.cost_model import StepModel
 from prefill_tuner.engines.sim.loop import SIMULATOR_VERSION, SimResult, simulate
 from prefill_tuner.engines.sim.replicas import simulate_replicas
+from prefill_tuner.engines.sim.waves import lockstep
 from prefill_tuner.errors import TunerError
 from prefill_tuner.objectives.early_abort import EarlyAbortRule
 from prefill_tuner.search_spaces.knobs import KNOBS
@@ -135,7 +136,7 @@ class SimEngine:
         if same is not None:
             return same
         result = simulate(trace, config, self.profile, max_concurrency=max_concurrency)
-        run = self._engine_run(config, result)
+        run = self._engine_run(config, result, trace)
         for gone in [k for k, runs in self._kept.items() if runs[0].trace() is None]:
             del self._kept[gone]  # their trace is gone: nobody can ask for them again
         if sum(map(len, self._kept.values())) >= KEPT_RUNS:
@@ -177,8 +178,11 @@ class SimEngine:
             message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
             return EngineRun(None, values, self.version, failure=f"config rejected: {message}")
 
-    def _engine_run(self, config: SimConfig, result: SimResult) -> EngineRun:
-        return EngineRun(
+    def _engine_run(self, config: SimConfig, result: SimResult, trace: Trace) -> EngineRun:
+        """The trial's run; its details name the lockstep waves it ran in, if it did
+        (``lockstep_waves``: how many requests were admitted at a time; see
+        :func:`~prefill_tuner.engines.sim.waves.lockstep`)."""
+        run = EngineRun(
             metrics=result.metrics,
             resolved_config={**config.model_dump(), "profile": self.profile.model_dump()},
             version=self.version,
@@ -192,6 +196,10 @@ class SimEngine:
                 "wall_s": result.wall_s,
             },
         )
+        waves = lockstep(trace, result.max_concurrency, result.admitted_together)
+        if waves is not None:
+            run.details["lockstep_waves"] = round(waves.together, 2)
+        return run
 
 
 class ReplicatedSimEngine(SimEngine):
@@ -230,7 +238,7 @@ class ReplicatedSimEngine(SimEngine):
             router=self.router,
             max_concurrency=max_concurrency,
         )
-        run = self._engine_run(config, replicated.result)
+        run = self._engine_run(config, replicated.result, trace)
         # the deployment is part of what the run used (diagnosis rebuilds a replica's run)
         run.resolved_config.update(replicas=self.replicas, router=self.router)
         run.details["replicas"] = [
